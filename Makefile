@@ -1,0 +1,54 @@
+# The front door. Targets set up .venv themselves; variables map onto Hydra overrides:
+#   make train MODEL=llama-7b STRATEGY=zero3 PRECISION=bf16 NODES=2 GPUS=8 ARGS="train.lr=1e-5"
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
+	$(if $(STRATEGY),strategy=$(STRATEGY)) $(if $(PRECISION),precision=$(PRECISION)) \
+	$(if $(CLUSTER),cluster=$(CLUSTER)) $(if $(NODES),cluster.nodes=$(NODES)) \
+	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) $(ARGS)
+
+.PHONY: venv train submit plan estimate ds-configs data test test-fast lint clean
+
+venv: $(STAMP)
+
+# torch first, pinned: the CPU build on local disk; a bare `torch` requirement would pull CUDA.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+train: venv
+	$(BIN)/ftl train $(OVERRIDES)
+
+submit: venv
+	$(BIN)/ftl submit $(OVERRIDES)
+
+plan: venv
+	$(BIN)/ftl plan $(OVERRIDES)
+
+estimate: venv
+	$(BIN)/ftl estimate $(OVERRIDES)
+
+ds-configs: venv
+	$(BIN)/python -m launcher.ds_config --write-all ds_configs
+
+data: venv
+	$(BIN)/python scripts/make_data.py
+
+test: venv
+	$(BIN)/ruff check launcher tests scripts
+	$(BIN)/python -m pytest -q --timeout=1800
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m 'not slow'
+
+lint: venv
+	$(BIN)/ruff check launcher tests scripts
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,22 @@
+"""The two errors a user can fix: both end the CLI with exit code 2 and no traceback."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """One or more configuration problems, each naming the key, the value and the fix."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        if len(self.problems) == 1:
+            return f"configuration error: {self.problems[0]}"
+        lines = [f"{len(self.problems)} configuration errors:"]
+        lines += [f"  - {problem}" for problem in self.problems]
+        return "\n".join(lines)
+
+
+class DataError(Exception):
+    """A dataset that cannot be read or does not have the fields its format needs."""

@@ -1,0 +1,38 @@
+"""GPU presets: the numbers validation, the planner and the estimator share.
+
+Peak figures are dense (no sparsity) tensor-core TFLOP/s from the vendors' data sheets;
+`cpu` stands for this launcher's CPU mode, where each "GPU" is one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuPreset:
+    name: str
+    memory_gib: float
+    supports_fp16: bool
+    supports_bf16: bool
+    peak_tflops_16bit: float
+    peak_tflops_fp32: float
+    is_cpu: bool = False
+
+
+GPU_PRESETS: dict[str, GpuPreset] = {
+    preset.name: preset
+    for preset in (
+        GpuPreset("cpu", 24.0, False, True, 0.5, 0.5, is_cpu=True),
+        GpuPreset("v100-32g", 32.0, True, False, 125.0, 15.7),
+        GpuPreset("a100-40g", 40.0, True, True, 312.0, 19.5),
+        GpuPreset("a100-80g", 80.0, True, True, 312.0, 19.5),
+        GpuPreset("h100-80g", 80.0, True, True, 989.0, 67.0),
+        GpuPreset("h200-141g", 141.0, True, True, 989.0, 67.0),
+    )
+}
+
+
+def gpu_preset(name: str) -> GpuPreset:
+    """The preset called `name`; validation has already rejected unknown names."""
+    return GPU_PRESETS[name]
