@@ -8,7 +8,6 @@ Cross-field rules live in validate.py; this module only says what exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from omegaconf import MISSING
 
@@ -50,7 +49,7 @@ class DatasetConfig:
     packing: bool = False
     mask_prompt: bool = True
     """Train on the response tokens only."""
-    num_tokens: Optional[int] = None
+    num_tokens: int | None = None
     """Tokens per epoch for the estimator; empty: counted from the data when needed."""
 
 
@@ -74,7 +73,7 @@ class StrategyConfig:
     offload_param: bool = False
     overlap_comm: bool = True
     contiguous_gradients: bool = True
-    bucket_size: Optional[int] = None
+    bucket_size: int | None = None
     """ZeRO reduce/allgather bucket in elements; empty: derived from the model's hidden size."""
     gather_weights_on_save: bool = True
     """ZeRO-3 / FSDP: write one consolidated model at save time."""
@@ -118,7 +117,7 @@ class TrainConfig:
     lr: float = 2e-5
     micro_batch_size: int = 1
     grad_accum: int = 1
-    global_batch_size: Optional[int] = None
+    global_batch_size: int | None = None
     """If set, must equal micro_batch_size x grad_accum x world size."""
     save_steps: int = 500
     eval_steps: int = 0
@@ -153,7 +152,8 @@ class PeftConfig:
 
 @dataclass
 class RunSection:
-    name: str = "ftl"
+    name: str = "${model.name}-${strategy.name}"
+    """Run folder under output_dir; default: <model>-<strategy>."""
     output_dir: str = "outputs"
     resume: str = "auto"
     """auto (last complete checkpoint of this run), never, or a checkpoint PATH."""

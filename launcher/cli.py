@@ -1,0 +1,110 @@
+"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs.
+
+plan, ds-config and estimate never import torch, transformers or deepspeed.
+Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.errors import ConfigError, DataError
+
+Verb = Callable[[argparse.Namespace], int]
+VERBS: dict[str, tuple[str, Verb]] = {}
+
+
+def verb(name: str, help_text: str) -> Callable[[Verb], Verb]:
+    def register(function: Verb) -> Verb:
+        VERBS[name] = (help_text, function)
+        return function
+
+    return register
+
+
+@verb("plan", "write the run dir and print config, estimate, settings and command; no launch")
+def cmd_plan(args: argparse.Namespace) -> int:
+    from launcher import launch
+
+    plan, run_dir, launch_spec = launch.prepare(args.overrides, launching_locally=False)
+    from launcher.planner import render_plan
+
+    print(render_plan(plan, launch_spec, run_dir), end="")
+    return 0
+
+
+@verb("ds-config", "print (or write with -o FILE) the DeepSpeed config for the overrides")
+def cmd_ds_config(args: argparse.Namespace) -> int:
+    from launcher.compose import compose_config
+    from launcher.planner import make_plan
+
+    plan = make_plan(compose_config(args.overrides))
+    if plan.ds_config is None:
+        raise ConfigError(
+            f"strategy={plan.cfg.strategy.name}: not a DeepSpeed strategy, so there is no "
+            "ds_config. Fix: strategy=zero1|zero2|zero2_offload|zero3|zero3_offload."
+        )
+    text = json.dumps(plan.ds_config, indent=2, sort_keys=True) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text, end="")
+    return 0
+
+
+@verb("estimate", "per-strategy memory, fit and time table for the chosen model and cluster")
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from launcher.compose import compose_config
+    from launcher.estimate import estimate_json, render_estimate_table
+    from launcher.validate import validate
+
+    cfg = compose_config(args.overrides)
+    validate(cfg)
+    if args.json:
+        print(json.dumps(estimate_json(cfg), indent=2))
+    else:
+        print(render_estimate_table(cfg), end="")
+    return 0
+
+
+@verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
+def cmd_train(args: argparse.Namespace) -> int:
+    from launcher import launch
+
+    plan, run_dir, launch_spec = launch.prepare(args.overrides, launching_locally=True)
+    return launch.run_local(plan, run_dir, launch_spec)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ftl",
+        description="Fine-tuning launcher. Overrides are Hydra syntax: model=llama-7b "
+        "strategy=zero3 precision=bf16 cluster.nodes=2 train.lr=1e-5",
+    )
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for name, (help_text, _) in VERBS.items():
+        verb_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "ds-config":
+            verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
+        if name == "estimate":
+            verb_parser.add_argument("--json", action="store_true", help="machine-readable")
+        verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return VERBS[args.verb][1](args)
+    except (ConfigError, DataError) as error:
+        print(f"ftl {args.verb}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""The plan: a validated RunConfig with strategy=auto resolved, its cost estimate, the
+DeepSpeed or FSDP settings, and the text of every run-dir file. Pure: no I/O."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher.command import Launch, build_launch, render_command
+from launcher.ds_config import build_ds_config, check_ds_config
+from launcher.fsdp import build_fsdp_settings
+from launcher.schema import RunConfig
+from launcher.validate import validate
+
+
+@dataclass
+class Plan:
+    cfg: RunConfig
+    strategy_reasons: list[str] = field(default_factory=list)
+    estimate: dict[str, Any] | None = None
+    ds_config: dict[str, Any] | None = None
+    fsdp_settings: dict[str, Any] | None = None
+
+
+def make_plan(cfg: RunConfig, *, launching_locally: bool = False) -> Plan:
+    """Validate, resolve strategy=auto, estimate, and build the strategy's settings."""
+    validate(cfg, launching_locally=False)
+    reasons: list[str] = []
+    if cfg.strategy.backend == "auto":
+        from launcher.auto import choose_strategy, resolve_auto
+
+        _, reasons = choose_strategy(cfg)
+        cfg = resolve_auto(cfg)
+    if launching_locally:
+        validate(cfg, launching_locally=True)
+    plan = Plan(cfg=cfg, strategy_reasons=reasons, estimate=_chosen_estimate(cfg))
+    if cfg.strategy.backend == "deepspeed":
+        plan.ds_config = build_ds_config(cfg)
+        check_ds_config(plan.ds_config)
+    elif cfg.strategy.backend == "fsdp":
+        plan.fsdp_settings = build_fsdp_settings(cfg)
+    return plan
+
+
+def _chosen_estimate(cfg: RunConfig) -> dict[str, Any] | None:
+    from launcher.estimate import estimate_json
+
+    report = estimate_json(cfg)
+    rows = [row for row in report["strategies"] if row["strategy"] == cfg.strategy.name]
+    if not rows:
+        return None
+    return {**rows[0], "params": report.get("params"), "flops": report.get("flops")}
+
+
+def plan_launch(plan: Plan, run_dir: Path) -> Launch:
+    hostfile = str(run_dir / "hostfile") if _needs_hostfile(plan.cfg) else None
+    return build_launch(plan.cfg, str(run_dir), hostfile_path=hostfile)
+
+
+def _needs_hostfile(cfg: RunConfig) -> bool:
+    return cfg.cluster.launcher == "deepspeed" and cfg.cluster.nodes > 1
+
+
+def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:
+    """Every file of the run dir, as text (the worker reads config.yaml and the settings)."""
+    files = {
+        "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
+        "plan.json": _dump(plan_summary(plan, launch, overrides)),
+        "launch.sh": launch_script(launch, overrides),
+    }
+    if plan.ds_config is not None:
+        files["ds_config.json"] = _dump(plan.ds_config)
+    if plan.fsdp_settings is not None:
+        files["fsdp.json"] = _dump(plan.fsdp_settings)
+    if launch.hostfile is not None:
+        files["hostfile"] = launch.hostfile
+    return files
+
+
+def plan_summary(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, Any]:
+    cfg = plan.cfg
+    return {
+        "overrides": overrides,
+        "strategy": cfg.strategy.name,
+        "strategy_reasons": plan.strategy_reasons,
+        "world_size": cfg.world_size,
+        "nodes": cfg.cluster.nodes,
+        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "gpu": cfg.cluster.gpu,
+        "precision": cfg.precision.name,
+        "estimate": plan.estimate,
+        "command": launch.argv,
+        "env": launch.env,
+    }
+
+
+def launch_script(launch: Launch, overrides: list[str]) -> str:
+    """launch.sh: the exact command, runnable by hand from any directory."""
+    tool = Path(sys.executable).parent / launch.argv[0]
+    argv = [str(tool) if tool.exists() else launch.argv[0], *launch.argv[1:]]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# written by: ftl {shlex.join(overrides)}".rstrip(),
+        "set -euo pipefail",
+        *(f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()),
+        f"exec {shlex.join(argv)} \"$@\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
+    """What `ftl plan` prints: config, strategy choice, estimate, settings, command."""
+    cfg = plan.cfg
+    parts = ["# resolved config", OmegaConf.to_yaml(OmegaConf.structured(cfg)).rstrip()]
+    parts += ["", f"# strategy: {cfg.strategy.name} ({cfg.strategy.backend})"]
+    parts += [f"#   {reason}" for reason in plan.strategy_reasons]
+    if plan.estimate:
+        parts += ["", "# estimate (per GPU)", _render_estimate(plan.estimate)]
+    if plan.ds_config is not None:
+        parts += ["", "# ds_config.json", _dump(plan.ds_config).rstrip()]
+    if plan.fsdp_settings is not None:
+        parts += ["", "# FSDP settings (fsdp.json)", _dump(plan.fsdp_settings).rstrip()]
+    parts += ["", f"# launch ({cfg.world_size} processes on {cfg.cluster.nodes} node(s))"]
+    if launch.per_node:
+        parts.append("# run on every node (node rank from the rendezvous):")
+    parts.append(render_command(launch))
+    if run_dir is not None:
+        parts += ["", f"# run dir: {run_dir}"]
+    return "\n".join(parts) + "\n"
+
+
+def _render_estimate(row: dict[str, Any]) -> str:
+    gib = 1024**3
+    fits = "fits" if row.get("fits") else "DOES NOT FIT"
+    text = (
+        f"gpu {row['gpu_bytes'] / gib:.2f} GiB (model states "
+        f"{row['model_state_gpu_bytes'] / gib:.2f} GiB), host {row['host_bytes'] / gib:.2f} GiB"
+        f" -> {fits}"
+    )
+    if row.get("est_seconds"):
+        text += f"; est. time {row['est_seconds'] / 3600:.2f} h"
+    return text
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

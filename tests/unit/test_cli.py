@@ -1,0 +1,88 @@
+"""`ftl` as a user runs it: a subprocess, real Hydra, nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "datasets", "peft")
+
+
+def ftl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def run_in_process_and_list_heavy_imports(argv: list[str]) -> list[str]:
+    code = (
+        "import sys, io, contextlib\n"
+        "from launcher.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main({argv!r})\n"
+        "assert rc == 0, rc\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return eval(done.stdout.strip())  # noqa: S307 - our own printed list
+
+
+def test_plan_of_the_done_criterion(tmp_path: Path) -> None:
+    done = ftl("plan", "model=llama-7b", "strategy=zero3", "precision=bf16", "cluster.nodes=2",
+               "cluster.gpus_per_node=8", f"run.output_dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "# strategy: zero3 (deepspeed)" in out
+    assert '"stage": 3' in out and '"train_batch_size": 16' in out
+    assert "--nnodes 2" in out or "--num_nodes 2" in out
+    (run_dir,) = (tmp_path / "llama-7b-zero3").iterdir()
+    for name in ("config.yaml", "ds_config.json", "launch.sh", "plan.json"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 16
+
+
+def test_plan_imports_no_heavy_library(tmp_path: Path) -> None:
+    argv = ["plan", "model=llama-7b", "strategy=zero3", "precision=bf16", "cluster.nodes=2",
+            "cluster.gpus_per_node=8", f"run.output_dir={tmp_path}"]
+    assert run_in_process_and_list_heavy_imports(argv) == []
+
+
+def test_ds_config_and_estimate_import_no_heavy_library(tmp_path: Path) -> None:
+    out = tmp_path / "ds.json"
+    assert run_in_process_and_list_heavy_imports(["ds-config", "-o", str(out),
+                                                  "strategy=zero2"]) == []
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 2
+    assert run_in_process_and_list_heavy_imports(["estimate", "model=llama-7b"]) == []
+
+
+def test_bad_configuration_exits_2_with_every_problem_and_writes_nothing(tmp_path: Path) -> None:
+    done = ftl("plan", "precision=fp16", "train.lr=0", "strategy=fsdp",
+               "cluster.launcher=deepspeed", f"run.output_dir={tmp_path}")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "3 configuration errors" in done.stderr
+    for key in ("precision=fp16", "train.lr=0", "cluster.launcher=deepspeed"):
+        assert key in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_unknown_option_exits_2(tmp_path: Path) -> None:
+    done = ftl("plan", "strategy=zero4", f"run.output_dir={tmp_path}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "strategy=zero4: no such strategy" in done.stderr and "zero3_offload" in done.stderr
+
+
+def test_ds_config_refuses_a_non_deepspeed_strategy() -> None:
+    done = ftl("ds-config", "strategy=fsdp")
+    assert done.returncode == 2 and "not a DeepSpeed strategy" in done.stderr
+
+
+def test_train_refuses_what_this_machine_cannot_run(tmp_path: Path) -> None:
+    done = ftl("train", "model=llama-7b", f"run.output_dir={tmp_path}")
+    assert done.returncode == 2, done.stderr
+    assert "model.path=meta-llama/Llama-2-7b-hf" in done.stderr
+    assert "ftl plan" in done.stderr
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,59 @@
+"""Hydra compose: typos and wrong types fail at compose, every bad override at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.compose import compose_config
+from launcher.errors import ConfigError
+
+
+def compose_problems(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        compose_config(overrides)
+    return caught.value.problems
+
+
+def test_unknown_group_option_lists_available_ones() -> None:
+    (message,) = compose_problems(["model=llama-8b"])
+    assert "model=llama-8b: no such model" in message
+    for option in ("llama-7b", "llama-13b", "llama-70b", "mistral-7b", "qwen2.5-7b", "tiny-llama"):
+        assert option in message
+
+
+def test_unknown_key_names_the_section_and_known_keys() -> None:
+    (message,) = compose_problems(["train.lrr=1e-5"])
+    assert "train.lrr=1e-5: unknown key 'lrr' in train" in message
+    assert "micro_batch_size" in message
+
+
+def test_added_key_is_refused_too() -> None:
+    (message,) = compose_problems(["+train.extra=1"])
+    assert "unknown key 'extra' in train" in message
+
+
+def test_wrong_type_names_key_and_type() -> None:
+    (message,) = compose_problems(["train.micro_batch_size=1.5"])
+    assert "train.micro_batch_size=1.5" in message and "integer" in message
+
+
+def test_all_bad_overrides_are_collected() -> None:
+    problems = compose_problems(["train.lrr=1", "strategy=zero9", "train.lr=abc", "model=llama-7b"])
+    assert len(problems) == 3
+    text = "\n".join(problems)
+    assert "train.lrr=1" in text and "strategy=zero9" in text and "train.lr=abc" in text
+
+
+def test_overrides_reach_the_typed_config() -> None:
+    cfg = compose_config(["model=llama-7b", "strategy=zero3", "train.lr=1e-5", "cluster.nodes=2",
+                          "cluster.gpus_per_node=8"])
+    assert cfg.model.hidden_size == 4096
+    assert cfg.strategy.zero_stage == 3
+    assert cfg.train.lr == pytest.approx(1e-5)
+    assert cfg.world_size == 16
+
+
+def test_local_paths_become_absolute() -> None:
+    cfg = compose_config([])
+    assert cfg.dataset.path.startswith("/") and cfg.dataset.path.endswith("train.jsonl")
+    assert cfg.run.output_dir.startswith("/")
