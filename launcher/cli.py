@@ -80,6 +80,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return launch.run_local(plan, run_dir, launch_spec)
 
 
+@verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement")
+def cmd_report(args: argparse.Namespace) -> int:
+    from launcher.report import report
+
+    text, png = report(Path(args.run_dir))
+    print(text)
+    print(f"plot: {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ftl",
@@ -93,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
         if name == "estimate":
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
+        if name == "report":
+            verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
+            continue
         verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     return parser
 

@@ -1,0 +1,106 @@
+"""`ftl report RUN_DIR`: a PNG of loss, learning rate and tokens/s, and a summary that puts
+the plan's estimate beside what the run measured. Reads only the run dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DataError
+
+GIB = 1024**3
+
+
+def load_history(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(
+            f"{run_dir}: no metrics.jsonl. Fix: pass the run dir of a run that has started "
+            "training (outputs/<run.name>/<timestamp>)."
+        )
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    points = [(row["step"], row[key]) for row in history if key in row and "step" in row]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def draw_png(history: list[dict[str, Any]], out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for key, label in (("loss", "train loss"), ("eval_loss", "eval loss")):
+        axes[0].plot(*series(history, key), marker="o", markersize=3, label=label)
+    axes[0].set_title("loss")
+    axes[0].legend()
+    lr_key = "learning_rate" if series(history, "learning_rate")[0] else "lr"
+    axes[1].plot(*series(history, lr_key), color="tab:green")
+    axes[1].set_title("learning rate")
+    axes[2].plot(*series(history, "tokens_per_s"), color="tab:red")
+    axes[2].set_title("tokens / s (all ranks)")
+    for axis in axes:
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
+    plan = _read_json(run_dir / "plan.json")
+    estimate = plan.get("estimate") or {}
+    ranks = [_read_json(p) for p in sorted((run_dir / "metrics").glob("rank*.json"))]
+    losses = series(history, "loss")[1]
+    evals = series(history, "eval_loss")[1]
+    speeds = series(history, "tokens_per_s")[1]
+    lines = [f"run dir: {run_dir}", f"strategy: {plan.get('strategy')}  "
+             f"world size: {plan.get('world_size')}  gpu: {plan.get('gpu')}"]
+    if losses:
+        lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
+    if evals:
+        lines.append(f"eval loss: {evals[0]:.4f} -> {evals[-1]:.4f}")
+    if speeds:
+        lines.append(f"throughput: {sum(speeds) / len(speeds):.1f} tokens/s (mean of logs)")
+    lines += _memory_lines(estimate, ranks)
+    lines += _time_lines(estimate, history)
+    return "\n".join(lines)
+
+
+def _memory_lines(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    if estimate.get("gpu_bytes"):
+        lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
+    for rank in ranks:
+        lines.append(f"measured peak memory, rank {rank['rank']}: "
+                     f"{rank['peak_memory_bytes'] / GIB:.3f} GiB")
+    return lines
+
+
+def _time_lines(estimate: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
+    runtime = next((row["train_runtime"] for row in history if "train_runtime" in row), None)
+    lines = []
+    if estimate.get("est_seconds"):
+        lines.append(f"estimated time: {estimate['est_seconds']:.1f} s")
+    if runtime is not None:
+        lines.append(f"measured train time: {runtime:.1f} s")
+    return lines
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def report(run_dir: Path) -> tuple[str, Path]:
+    """The summary text and the PNG's path."""
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: not a directory. Fix: pass a run dir from outputs/.")
+    history = load_history(run_dir)
+    png = draw_png(history, run_dir / "report.png", title=str(run_dir.name))
+    return summary(run_dir, history), png
