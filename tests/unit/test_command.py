@@ -1,0 +1,180 @@
+"""launcher/command.py: exact argv per launcher form, env, hostfile text, shell quoting."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from launcher.command import Launch, build_launch, render_command, rendezvous_id
+from launcher.compose import compose_config
+from launcher.errors import ConfigError
+
+RUN_DIR = "/runs/ftl/20260101-120000"
+GPU8 = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
+WORKER = ["--module", "launcher.worker", RUN_DIR]
+TORCHRUN_LOGS = ["--redirects", "3", "--tee", "0:3"]
+DS_TAIL = ["--no_local_rank", "--enable_each_rank_log", f"{RUN_DIR}/logs", *WORKER]
+
+
+def launch_for(*overrides: str, run_dir: str = RUN_DIR, **kwargs: object) -> Launch:
+    return build_launch(compose_config(list(overrides)), run_dir, **kwargs)
+
+
+def test_torchrun_one_node_eight_gpus() -> None:
+    launch = launch_for("cluster.launcher=torchrun", *GPU8)
+    assert launch.argv == [
+        "torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node", "8",
+        "--log_dir", f"{RUN_DIR}/logs", *TORCHRUN_LOGS, *WORKER,
+    ]
+    assert (launch.per_node, launch.hostfile, launch.shell_vars) == (False, None, ())
+
+
+def test_torchrun_two_nodes_uses_c10d_and_shell_placeholders() -> None:
+    launch = launch_for("cluster=slurm", "cluster.nodes=2", "cluster.master_port=29600", *GPU8)
+    assert launch.argv == [
+        "torchrun", "--nnodes", "2", "--nproc_per_node", "8",
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", "${FTL_HEAD_NODE}:29600",
+        "--rdzv_id", "ftl-20260101-120000",
+        "--log_dir", f"{RUN_DIR}/logs/node-${{FTL_NODE_RANK}}", *TORCHRUN_LOGS, *WORKER,
+    ]
+    assert launch.per_node is True
+    assert launch.shell_vars == ("FTL_HEAD_NODE", "FTL_NODE_RANK")
+
+
+def test_torchrun_two_nodes_with_known_head_and_rank_are_literals() -> None:
+    launch = launch_for("cluster=slurm", "cluster.nodes=2", *GPU8, head_node="gpu-a", node_rank="1")
+    assert "gpu-a:29500" in launch.argv
+    assert f"{RUN_DIR}/logs/node-1" in launch.argv
+    assert launch.shell_vars == ()
+
+
+def test_deepspeed_one_node_eight_gpus() -> None:
+    launch = launch_for("cluster.launcher=deepspeed", "cluster.master_port=29700", *GPU8)
+    assert launch.argv == [
+        "deepspeed", "--num_gpus", "8", "--master_port", "29700", *DS_TAIL,
+    ]
+    assert (launch.per_node, launch.hostfile) == (False, None)
+
+
+def test_deepspeed_two_nodes_on_slurm_is_one_no_ssh_launcher_per_node() -> None:
+    launch = launch_for("cluster=slurm", "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8)
+    assert launch.argv == [
+        "deepspeed", "--hostfile", f"{RUN_DIR}/hostfile", "--no_ssh",
+        "--node_rank", "${FTL_NODE_RANK}", "--num_nodes", "2", "--num_gpus", "8",
+        "--master_addr", "${FTL_HEAD_NODE}", "--master_port", "29500", *DS_TAIL,
+    ]
+    assert launch.per_node is True
+    # --no_ssh never connects to the names: placeholders, one line per node.
+    assert launch.hostfile == "node0 slots=8\nnode1 slots=8\n"
+
+
+def test_deepspeed_no_ssh_uses_given_hosts_path_and_values() -> None:
+    launch = launch_for(
+        "cluster=slurm", "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8,
+        hosts=["gpu-a", "gpu-b"], head_node="gpu-a", node_rank="0", hostfile_path="/tmp/hf",
+    )
+    assert launch.hostfile == "gpu-a slots=8\ngpu-b slots=8\n"
+    argv = launch.argv
+    assert argv[argv.index("--hostfile") + 1] == "/tmp/hf"
+    assert argv[argv.index("--node_rank") + 1] == "0"
+    assert argv[argv.index("--master_addr") + 1] == "gpu-a"
+    assert launch.shell_vars == ()
+
+
+def test_deepspeed_two_nodes_local_uses_the_users_hostfile() -> None:
+    launch = launch_for(
+        "cluster.launcher=deepspeed", "cluster.nodes=2", "cluster.hostfile=/etc/ds/hosts", *GPU8
+    )
+    assert launch.argv == [
+        "deepspeed", "--hostfile", "/etc/ds/hosts", "--num_nodes", "2", "--num_gpus", "8",
+        "--master_port", "29500", *DS_TAIL,
+    ]
+    assert (launch.per_node, launch.hostfile) == (False, None)
+
+
+def test_deepspeed_two_nodes_local_writes_hostfile_from_hosts() -> None:
+    launch = launch_for(
+        "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8, hosts=["w0", "w1"]
+    )
+    assert launch.hostfile == "w0 slots=8\nw1 slots=8\n"
+    assert launch.argv == [
+        "deepspeed", "--hostfile", f"{RUN_DIR}/hostfile", "--num_nodes", "2",
+        "--num_gpus", "8", "--master_addr", "w0", "--master_port", "29500", *DS_TAIL,
+    ]
+
+
+def test_deepspeed_two_nodes_local_without_hosts_names_cluster_hostfile() -> None:
+    with pytest.raises(ConfigError) as caught:
+        launch_for("cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8)
+    assert "cluster.hostfile=PATH" in str(caught.value)
+
+
+def test_unknown_launcher_is_a_config_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="cluster.launcher=mpirun"):
+        launch_for("cluster.launcher=mpirun")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_cpu_preset_sets_one_omp_thread(launcher: str) -> None:
+    launch = launch_for(
+        f"cluster.launcher={launcher}", "cluster.gpu=cpu", "cluster.gpus_per_node=2"
+    )
+    assert launch.env == {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    count_flag = "--nproc_per_node" if launcher == "torchrun" else "--num_gpus"
+    assert launch.argv[launch.argv.index(count_flag) + 1] == "2"
+
+
+def test_gpu_preset_leaves_omp_threads_alone() -> None:
+    assert "OMP_NUM_THREADS" not in launch_for(*GPU8).env
+
+
+def test_env_never_copies_secrets_or_inherited_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb_secret_value")
+    for overrides in (["cluster.launcher=torchrun"], ["cluster.launcher=deepspeed"],
+                      ["cluster=slurm", "cluster.nodes=2", "cluster.launcher=deepspeed"]):
+        launch = launch_for(*overrides)
+        assert set(launch.env) <= {"PYTHONUNBUFFERED", "OMP_NUM_THREADS"}
+        assert "secret" not in render_command(launch)
+
+
+def test_rendered_command_quotes_a_run_dir_with_space_and_quote() -> None:
+    run_dir = "/runs/my run/it's $HOME"
+    launch = launch_for("cluster.launcher=deepspeed", "cluster.gpu=cpu", run_dir=run_dir)
+    line = render_command(launch)
+    words = shlex.split(line)
+    assert words == ["PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1", *launch.argv]
+    assert words[-1] == run_dir
+
+
+def test_rendered_per_node_command_expands_only_the_placeholders() -> None:
+    run_dir = "/runs/my run/it's $HOME"
+    launch = launch_for("cluster=slurm", "cluster.nodes=2", "cluster.gpu=cpu", run_dir=run_dir)
+    line = render_command(launch)
+    # Replace the tool with printf so bash prints each argument as the launcher would get it.
+    echo = line.replace(" torchrun ", " printf '%s\\n' ", 1)
+    out = subprocess.run(
+        ["bash", "-c", echo], capture_output=True, text=True, check=True,
+        env={"FTL_HEAD_NODE": "gpu-a", "FTL_NODE_RANK": "1", "HOME": "/should-not-appear"},
+    ).stdout.splitlines()
+    assert "gpu-a:29500" in out
+    assert f"{run_dir}/logs/node-1" in out
+    assert out[-1] == run_dir
+
+
+def test_rendezvous_id_is_stable_and_shell_safe() -> None:
+    assert rendezvous_id("/a/b/my run/2026-01-01_12:00/") == "my_run-2026-01-01_12_00"
+    assert rendezvous_id("rel/x") == rendezvous_id("/abs/rel/x")
+
+
+def test_command_module_imports_no_heavy_library() -> None:
+    code = (
+        "import sys, launcher.command; "
+        "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"
