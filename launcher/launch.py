@@ -96,7 +96,7 @@ def resolve_tool(argv: list[str]) -> list[str]:
 
 def run_local(plan: Plan, run_dir: Path, launch: Launch) -> int:
     """Start the launcher; on failure say which rank failed and where its log is."""
-    print(f"ftl train: run dir {run_dir}", flush=True)
+    print(f"ftl train: run dir {run_dir} (per-rank logs in {run_dir / 'logs'})", flush=True)
     env = {**os.environ, **launch.env}
     returncode = subprocess.call(resolve_tool(launch.argv), env=env)
     if returncode == 0:

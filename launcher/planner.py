@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from launcher.command import Launch, build_launch, render_command
+from launcher.command import Launch, build_launch, render_argv, render_command
 from launcher.ds_config import build_ds_config, check_ds_config
 from launcher.fsdp import build_fsdp_settings
 from launcher.schema import RunConfig
@@ -104,12 +104,14 @@ def launch_script(launch: Launch, overrides: list[str]) -> str:
     """launch.sh: the exact command, runnable by hand from any directory."""
     tool = Path(sys.executable).parent / launch.argv[0]
     argv = [str(tool) if tool.exists() else launch.argv[0], *launch.argv[1:]]
+    needs = [f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars]
     lines = [
         "#!/usr/bin/env bash",
         f"# written by: ftl {shlex.join(overrides)}".rstrip(),
         "set -euo pipefail",
+        *needs,
         *(f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()),
-        f"exec {shlex.join(argv)} \"$@\"",
+        f"exec {render_argv(argv, launch.shell_vars)} \"$@\"",
     ]
     return "\n".join(lines) + "\n"
 
@@ -128,7 +130,8 @@ def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
         parts += ["", "# FSDP settings (fsdp.json)", _dump(plan.fsdp_settings).rstrip()]
     parts += ["", f"# launch ({cfg.world_size} processes on {cfg.cluster.nodes} node(s))"]
     if launch.per_node:
-        parts.append("# run on every node (node rank from the rendezvous):")
+        needed = " ".join(f"{name}=..." for name in launch.shell_vars)
+        parts.append(f"# run on every node, with {needed} set there (ftl submit does this):")
     parts.append(render_command(launch))
     if run_dir is not None:
         parts += ["", f"# run dir: {run_dir}"]
