@@ -1,0 +1,246 @@
+"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto".
+
+Every value comes from the same RunConfig that builds TrainingArguments, so the file is
+complete and usable outside the HF Trainer, and the Trainer's own mismatch check proves
+both agree.
+
+What the HF integration does with these values (read in transformers 5.24,
+transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config.py):
+
+- `HfTrainerDeepSpeedConfig.trainer_config_process` calls `fill_match` for
+  train_micro_batch_size_per_gpu, gradient_accumulation_steps, train_batch_size
+  (= args.world_size x micro x accumulation), gradient_clipping, optimizer.params.lr,
+  optimizer.params.betas (compared as the list [adam_beta1, adam_beta2]),
+  optimizer.params.eps, optimizer.params.weight_decay, fp16.enabled and bf16.enabled.
+  A value that is not "auto" and differs from TrainingArguments is collected as a
+  mismatch; `trainer_config_finalize` (called from `deepspeed_init`) raises ValueError
+  listing them all. So the worker must pass learning_rate=train.lr,
+  adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm, per_device_train_batch_size
+  and gradient_accumulation_steps from the same RunConfig.
+- `deepspeed_optim_sched` supports "HF scheduler + DS optimizer": with an "optimizer"
+  block and no "scheduler" block it builds a DummyOptim and a DummyScheduler whose
+  callable is the Trainer's own `create_scheduler` (lr_scheduler_type, warmup), so the
+  DeepSpeed optimizer (FusedAdam, or DeepSpeedCPUAdam under offload_optimizer) is driven
+  by the HF cosine/linear schedule. With no "optimizer" block it uses the Trainer's
+  torch AdamW and sets zero_allow_untested_optimizer itself.
+- The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
+  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here.
+
+On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
+the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
+(STACK-NOTES: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block.
+
+This module must not import torch or deepspeed: `ftl plan` and `ftl ds-config` use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+from launcher.hardware import gpu_preset
+from launcher.schema import PrecisionConfig, RunConfig
+
+ZERO_STRATEGIES: tuple[str, ...] = ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+REFERENCE_OVERRIDES: tuple[str, ...] = (
+    "model=llama-7b",
+    "cluster.gpu=a100-80g",
+    "cluster.gpus_per_node=8",
+)
+
+# DeepSpeed's documented top-level keys (0.19.8, deepspeed/runtime/config.py and the
+# modules it delegates to). DeepSpeed itself ignores any other top-level key silently.
+ALLOWED_TOP_LEVEL_KEYS: frozenset[str] = frozenset(
+    {
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "optimizer", "scheduler", "fp16", "bf16", "torch_autocast", "gradient_clipping",
+        "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+        "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
+        "communication_data_type", "seq_parallel_communication_data_type",
+        "prescale_gradients", "gradient_predivide_factor", "gradient_allreduce_op",
+        "disable_allgather", "disable_python_gc", "activation_checkpointing", "aio",
+        "flops_profiler", "autotuning", "tensorboard", "wandb", "csv_monitor", "comet",
+        "comms_logger", "checkpoint", "data_types", "dataloader_drop_last", "data_efficiency",
+        "hybrid_engine", "pipeline", "tensor_parallel", "expert_parallel",
+        "sequence_parallel_size", "compile", "weight_quantization", "timers", "log_level",
+        "bfloat16", "managed_gradient_accumulation", "use_data_before_expert_parallelism",
+        "datastates_ckpt",
+    }
+)  # fmt: skip
+
+# DeepSpeed's own defaults for the stage-3 limits (runtime/zero/config.py), written out.
+STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+SUB_GROUP_SIZE = 1_000_000_000
+
+
+def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
+    """The complete DeepSpeed config for `cfg`: concrete values only."""
+    if cfg.strategy.backend == "auto":
+        raise ConfigError(
+            "strategy=auto: the DeepSpeed config needs a concrete strategy. "
+            "Fix: run `ftl plan` (it resolves auto) or pick strategy=zero1..zero3_offload."
+        )
+    train = cfg.train
+    ds: dict[str, Any] = {
+        "train_batch_size": train.micro_batch_size * train.grad_accum * cfg.world_size,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.max_grad_norm,
+        "steps_per_print": train.logging_steps,
+        "wall_clock_breakdown": False,
+    }
+    ds.update(_precision_blocks(cfg.precision))
+    if cfg.strategy.backend == "deepspeed":
+        ds["zero_optimization"] = _zero_block(cfg)
+    ds.update(_optimizer_blocks(cfg))
+    return ds
+
+
+def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
+    """fp16 is AMP O2 style: DeepSpeed keeps fp16 weights and an fp32 master copy."""
+    fp16: dict[str, Any] = {"enabled": precision.name == "fp16"}
+    if precision.name == "fp16":
+        fp16.update(
+            loss_scale=0,  # 0 = dynamic loss scaling
+            initial_scale_power=precision.initial_scale_power,
+            loss_scale_window=precision.loss_scale_window,
+            hysteresis=precision.hysteresis,
+            min_loss_scale=precision.min_loss_scale,
+        )
+    # Both blocks are written so the file says plainly which mode is off.
+    return {"fp16": fp16, "bf16": {"enabled": precision.name == "bf16"}}
+
+
+def _zero_block(cfg: RunConfig) -> dict[str, Any]:
+    strategy = cfg.strategy
+    stage = strategy.zero_stage
+    if stage not in (1, 2, 3):
+        raise ConfigError(
+            f"strategy.zero_stage={stage}: DeepSpeed ZeRO stages are 1, 2 or 3. "
+            "Fix: set strategy.zero_stage to 1, 2 or 3 (or use strategy=ddp)."
+        )
+    if strategy.offload_param and stage != 3:
+        raise ConfigError(
+            f"strategy.offload_param=true with strategy.zero_stage={stage}: only ZeRO-3 "
+            "partitions (and so offloads) parameters. Fix: use strategy=zero3_offload."
+        )
+    hidden = cfg.model.hidden_size
+    bucket = strategy.bucket_size or hidden * hidden  # HF's "auto" rule for reduce_bucket_size
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": strategy.overlap_comm,
+        "contiguous_gradients": strategy.contiguous_gradients,
+        "reduce_bucket_size": bucket,
+    }
+    if stage < 3:
+        # Stages 1 and 2 share DeepSpeed's stage_1_and_2 optimizer, which reads these.
+        zero.update(allgather_partitions=True, allgather_bucket_size=bucket, reduce_scatter=True)
+    else:
+        zero.update(
+            stage3_prefetch_bucket_size=int(0.9 * bucket),
+            stage3_param_persistence_threshold=10 * hidden,
+            stage3_max_live_parameters=STAGE3_MAX_LIVE_PARAMETERS,
+            stage3_max_reuse_distance=STAGE3_MAX_REUSE_DISTANCE,
+            sub_group_size=SUB_GROUP_SIZE,
+            stage3_gather_16bit_weights_on_model_save=strategy.gather_weights_on_save,
+        )
+    # Pinned host memory speeds GPU<->CPU copies; there is no device to copy to on cpu.
+    pin = not gpu_preset(cfg.cluster.gpu).is_cpu
+    if strategy.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if strategy.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    return zero
+
+
+def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
+    """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu: torch AdamW."""
+    train = cfg.train
+    if gpu_preset(cfg.cluster.gpu).is_cpu:
+        # The Trainer's torch AdamW; the HF integration sets zero_allow_untested_optimizer
+        # too, written here so the file also works outside the Trainer.
+        return {"zero_force_ds_cpu_optimizer": False, "zero_allow_untested_optimizer": True}
+    return {
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": train.lr,
+                "betas": [train.adam_beta1, train.adam_beta2],
+                "eps": train.adam_epsilon,
+                "weight_decay": train.weight_decay,
+            },
+        }
+    }
+
+
+def check_ds_config(ds: dict[str, Any]) -> None:
+    """Reject what DeepSpeed would silently ignore (unknown top-level keys) or choke on ("auto")."""
+    problems = [
+        f"ds_config key '{key}' is not a DeepSpeed top-level key (DeepSpeed would silently "
+        f"ignore it). Allowed: {', '.join(sorted(ALLOWED_TOP_LEVEL_KEYS))}. "
+        "Fix: check the spelling or nest it in its block."
+        for key in ds
+        if key not in ALLOWED_TOP_LEVEL_KEYS
+    ]
+    problems += [
+        f"ds_config {path}='auto': this launcher writes concrete values. "
+        "Fix: regenerate with `ftl ds-config` or write the number."
+        for path in _auto_paths(ds, "")
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
+def _auto_paths(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _auto_paths(v, f"{prefix}{k}.")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _auto_paths(v, f"{prefix}{i}.")]
+    return [prefix.rstrip(".")] if node == "auto" else []
+
+
+def dump_ds_config(ds: dict[str, Any]) -> str:
+    """The file text: stable (sorted keys, indent 2, trailing newline) so diffs stay small."""
+    return json.dumps(ds, indent=2, sort_keys=True) + "\n"
+
+
+def reference_config(strategy: str, precision: str) -> RunConfig:
+    """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
+    from launcher.compose import compose_config
+
+    overrides = [*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"]
+    return compose_config(overrides)
+
+
+def reference_files() -> dict[str, str]:
+    """File name -> text for every ZeRO strategy x precision of the reference run."""
+    files = {}
+    for strategy in ZERO_STRATEGIES:
+        for precision in PRECISIONS:
+            ds = build_ds_config(reference_config(strategy, precision))
+            check_ds_config(ds)
+            files[f"{strategy}_{precision}.json"] = dump_ds_config(ds)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.ds_config",
+        description="Write ds_configs/<strategy>_<precision>.json for the reference run.",
+    )
+    parser.add_argument("--write-all", metavar="DIR", required=True, type=Path)
+    args = parser.parse_args(argv)
+    args.write_all.mkdir(parents=True, exist_ok=True)
+    for name, text in reference_files().items():
+        (args.write_all / name).write_text(text, encoding="utf-8")
+        print(args.write_all / name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""FSDP2 settings for TrainingArguments (`fsdp`, `fsdp_config`) from a RunConfig.
+
+Keys checked against the installed sources, transformers 5.24
+(`TrainingArguments._process_fsdp_args`) and accelerate 1.15
+(`FullyShardedDataParallelPlugin`):
+
+- `fsdp` is `True`: a string such as "full_shard auto_wrap offload" still parses but logs
+  "Passing `fsdp` as a string is deprecated"; transformers now reads everything from
+  `fsdp_config`.
+- `fsdp_config` keys: version (2 = FSDP2; 1 is deprecated), reshard_after_forward (bool
+  in FSDP2: true = full_shard, false = shard_grad_op), cpu_offload, auto_wrap_policy
+  (TRANSFORMER_BASED_WRAP), transformer_layer_cls_to_wrap (list of class names),
+  state_dict_type (FULL_STATE_DICT | SHARDED_STATE_DICT), cpu_ram_efficient_loading,
+  activation_checkpointing. transformers turns them into `args.fsdp_plugin_args`, and the
+  Trainer builds `FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`.
+
+CPU offload: `cpu_offload: true` becomes accelerate's `CPUOffloadPolicy()`, whose
+pin_memory=True fails without a GPU (STACK-NOTES). `fsdp_plugin_overrides` gives the worker
+what to put into `args.fsdp_plugin_args` before building the Trainer.
+
+`build_fsdp_settings` is pure and imports nothing heavy (the plan path uses it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.errors import ConfigError
+from launcher.hardware import gpu_preset
+from launcher.schema import RunConfig
+
+
+def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
+    """`TrainingArguments(**build_fsdp_settings(cfg), ...)` keyword arguments for FSDP2."""
+    strategy = cfg.strategy
+    if strategy.backend != "fsdp":
+        raise ConfigError(
+            f"strategy={strategy.name}: FSDP settings need strategy.backend=fsdp, "
+            f"got '{strategy.backend}'. Fix: use strategy=fsdp or strategy=fsdp_offload."
+        )
+    if strategy.offload_param != strategy.offload_optimizer:
+        # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together.
+        raise ConfigError(
+            f"strategy.offload_param={_yaml(strategy.offload_param)} and "
+            f"strategy.offload_optimizer={_yaml(strategy.offload_optimizer)}: FSDP offloads "
+            "parameters and optimizer state together. Fix: set both to the same value "
+            "(strategy=fsdp_offload sets both true)."
+        )
+    full_state = strategy.gather_weights_on_save
+    return {
+        "fsdp": True,
+        "fsdp_config": {
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "transformer_layer_cls_to_wrap": [cfg.model.decoder_layer],
+            "reshard_after_forward": strategy.fsdp_reshard_after_forward,
+            "cpu_offload": strategy.offload_param,
+            # FULL: one HF-loadable model.safetensors at save; SHARDED: one file per rank.
+            "state_dict_type": "FULL_STATE_DICT" if full_state else "SHARDED_STATE_DICT",
+            # Rank 0 reads the checkpoint, the others get it by broadcast; only useful when
+            # there are pretrained weights to read (an empty path means built from config).
+            "cpu_ram_efficient_loading": bool(cfg.model.path),
+            # FSDP's own checkpointing; TrainingArguments.gradient_checkpointing would add a
+            # redundant all-gather in backward (transformers issue 30404), so the worker
+            # must leave that one off under FSDP.
+            "activation_checkpointing": cfg.train.gradient_checkpointing,
+        },
+    }
+
+
+def needs_unpinned_offload(cfg: RunConfig) -> bool:
+    """True when FSDP2 offloads on the cpu preset, where pinned memory is unavailable."""
+    return (
+        cfg.strategy.backend == "fsdp"
+        and cfg.strategy.offload_param
+        and gpu_preset(cfg.cluster.gpu).is_cpu
+    )
+
+
+def fsdp_plugin_overrides(cfg: RunConfig) -> dict[str, Any]:
+    """Entries for `args.fsdp_plugin_args` that fsdp_config cannot express (worker only).
+
+    Imports torch, so only the worker calls it: after TrainingArguments is built and
+    before the Trainer is, `args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))`.
+    """
+    if not needs_unpinned_offload(cfg):
+        return {}
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return {"cpu_offload": CPUOffloadPolicy(pin_memory=False)}
+
+
+def _yaml(value: bool) -> str:
+    return "true" if value else "false"

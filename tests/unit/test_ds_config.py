@@ -1,0 +1,356 @@
+"""ds_config: concrete values, DeepSpeed's own parser, the checked-in files, HF's mismatch check."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.compose import compose_config
+from launcher.ds_config import (
+    ALLOWED_TOP_LEVEL_KEYS,
+    PRECISIONS,
+    ZERO_STRATEGIES,
+    build_ds_config,
+    check_ds_config,
+    dump_ds_config,
+    reference_config,
+)
+from launcher.ds_config import (
+    main as ds_config_main,
+)
+from launcher.errors import ConfigError
+from launcher.schema import RunConfig
+
+DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+GPU = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
+
+
+def cfg_for(*overrides: str) -> RunConfig:
+    return compose_config(list(overrides))
+
+
+def all_generated() -> list[tuple[str, RunConfig]]:
+    """Every reference config, plus a cpu-preset one per ZeRO strategy in fp32 and bf16."""
+    cases = [
+        (f"{s}_{p}", reference_config(s, p)) for s in ZERO_STRATEGIES for p in PRECISIONS
+    ]
+    cases += [
+        (f"cpu_{s}_{p}", cfg_for(f"strategy={s}", f"precision={p}", "cluster.gpus_per_node=2"))
+        for s in ZERO_STRATEGIES
+        for p in ("fp32", "bf16")
+    ]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def generated() -> list[tuple[str, RunConfig, dict[str, Any]]]:
+    return [(name, cfg, build_ds_config(cfg)) for name, cfg in all_generated()]
+
+
+def auto_values(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in auto_values(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in auto_values(v, f"{path}[{i}]")]
+    return [path] if isinstance(node, str) and node.lower() == "auto" else []
+
+
+# --- the checked-in files -------------------------------------------------------------
+
+
+def test_checked_in_files_match_the_generator(tmp_path: Path) -> None:
+    # The same entry point `make ds-configs` runs, written to a scratch directory.
+    assert ds_config_main(["--write-all", str(tmp_path)]) == 0
+    fresh = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
+    assert set(fresh) == {f"{s}_{p}.json" for s in ZERO_STRATEGIES for p in PRECISIONS}
+    on_disk = {p.name: p.read_text() for p in DS_CONFIGS.glob("*.json")}
+    assert set(on_disk) == set(fresh), (
+        f"ds_configs/ has extra or missing files {sorted(set(on_disk) ^ set(fresh))}; "
+        "run `make ds-configs`"
+    )
+    drifted = sorted(name for name in fresh if on_disk[name] != fresh[name])
+    assert not drifted, f"ds_configs/{drifted} differ from the generator; run `make ds-configs`"
+
+
+def test_files_are_stable_json() -> None:
+    text = dump_ds_config({"b": 1, "a": {"d": 2, "c": 3}})
+    assert text == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+
+
+# --- DeepSpeed's own parser -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deepspeed_config_cls() -> Any:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    return DeepSpeedConfig
+
+
+def parse_with_deepspeed(cls: Any, ds: dict[str, Any], world_size: int) -> Any:
+    """DeepSpeedConfig asks deepspeed.comm for rank and world size; without a process group
+    it assumes world size 1 and its batch check fails, so tell it the planned world size."""
+    import deepspeed.runtime.config as ds_runtime_config
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ds_runtime_config.dist, "get_rank", lambda group=None: 0)
+        mp.setattr(ds_runtime_config.dist, "get_world_size", lambda group=None: world_size)
+        return cls(ds)
+
+
+def test_every_generated_config_passes_deepspeeds_parser(deepspeed_config_cls, generated) -> None:
+    assert len(generated) == 25
+    for name, cfg, ds in generated:
+        parsed = parse_with_deepspeed(deepspeed_config_cls, ds, cfg.world_size)
+        assert parsed.world_size == cfg.world_size, name
+        assert parsed.zero_optimization_stage == cfg.strategy.zero_stage, name
+        assert parsed.train_batch_size == ds["train_batch_size"], name
+        assert parsed.float16_config.enabled == (cfg.precision.name == "fp16"), name
+        assert parsed.bfloat16_config.enabled == (cfg.precision.name == "bf16"), name
+        zero = parsed.zero_config
+        assert (zero.offload_optimizer is not None) == cfg.strategy.offload_optimizer, name
+        assert (zero.offload_param is not None) == cfg.strategy.offload_param, name
+        if cfg.strategy.zero_stage == 3:
+            assert zero.gather_16bit_weights_on_model_save is True, name
+
+
+def test_deepspeeds_parser_rejects_what_we_would_get_wrong(deepspeed_config_cls) -> None:
+    """The parser test above can fail: a bad key inside zero_optimization is refused."""
+    ds = build_ds_config(reference_config("zero3", "bf16"))
+    ds["zero_optimization"]["stage3_prefetch_bucket"] = 1
+    with pytest.raises(Exception, match="stage3_prefetch_bucket"):
+        parse_with_deepspeed(deepspeed_config_cls, ds, 8)
+
+
+def test_allowed_top_level_keys_are_deepspeed_keys() -> None:
+    import deepspeed
+    from deepspeed.runtime.config import _REMOVED_TOP_LEVEL_CONFIG_KEYS
+
+    source = "\n".join(
+        p.read_text(errors="ignore") for p in Path(deepspeed.__file__).parent.rglob("*.py")
+    )
+    quoted = set(re.findall(r"""["']([a-z0-9_]+)["']""", source))
+    assert not ALLOWED_TOP_LEVEL_KEYS - quoted
+    assert not ALLOWED_TOP_LEVEL_KEYS & set(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
+
+
+# --- concrete values ------------------------------------------------------------------
+
+
+def test_no_auto_anywhere(generated) -> None:
+    for name, _, ds in generated:
+        assert auto_values(ds) == [], name
+
+
+def test_generator_output_passes_our_check(generated) -> None:
+    for _, _, ds in generated:
+        check_ds_config(ds)
+
+
+def test_batch_arithmetic_two_nodes_of_eight() -> None:
+    cfg = cfg_for(
+        "strategy=zero2", *GPU, "cluster.nodes=2", "train.micro_batch_size=4", "train.grad_accum=8"
+    )
+    ds = build_ds_config(cfg)
+    assert ds["train_batch_size"] == 4 * 8 * 16 == 512
+    assert ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 8
+
+
+def test_train_values_are_copied() -> None:
+    cfg = cfg_for("strategy=zero1", "train.max_grad_norm=0.5", "train.logging_steps=3")
+    ds = build_ds_config(cfg)
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["steps_per_print"] == 3
+    assert ds["wall_clock_breakdown"] is False
+
+
+def test_fp16_is_dynamic_loss_scaling_from_the_precision_group() -> None:
+    cfg = cfg_for(
+        "strategy=zero2", "precision=fp16", *GPU,
+        "precision.initial_scale_power=12", "precision.loss_scale_window=500",
+        "precision.hysteresis=3", "precision.min_loss_scale=2",
+    )  # fmt: skip
+    ds = build_ds_config(cfg)
+    assert ds["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 12,
+        "loss_scale_window": 500,
+        "hysteresis": 3,
+        "min_loss_scale": 2,
+    }
+    assert ds["bf16"] == {"enabled": False}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fp32_and_bf16_blocks(precision: str) -> None:
+    ds = build_ds_config(cfg_for("strategy=zero2", f"precision={precision}"))
+    assert ds["fp16"] == {"enabled": False}
+    assert ds["bf16"] == {"enabled": precision == "bf16"}
+
+
+def test_ddp_has_no_zero_block_and_auto_is_refused() -> None:
+    assert "zero_optimization" not in build_ds_config(cfg_for("strategy=ddp"))
+    with pytest.raises(ConfigError, match="strategy=auto"):
+        build_ds_config(cfg_for("strategy=auto"))
+
+
+def test_offload_param_below_stage_3_is_refused() -> None:
+    with pytest.raises(ConfigError, match="strategy.offload_param"):
+        build_ds_config(cfg_for("strategy=zero2", "strategy.offload_param=true"))
+
+
+# --- ZeRO blocks ----------------------------------------------------------------------
+
+
+def test_stage_2_keys_from_hidden_size() -> None:
+    zero = build_ds_config(reference_config("zero2", "bf16"))["zero_optimization"]
+    assert zero == {
+        "stage": 2,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 4096 * 4096,
+        "allgather_bucket_size": 4096 * 4096,
+        "allgather_partitions": True,
+        "reduce_scatter": True,
+    }
+
+
+def test_stage_3_keys_follow_hfs_hidden_size_rules() -> None:
+    zero = build_ds_config(reference_config("zero3", "bf16"))["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["reduce_bucket_size"] == 4096 * 4096
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
+    assert zero["stage3_param_persistence_threshold"] == 10 * 4096
+    assert zero["stage3_max_live_parameters"] == 10**9
+    assert zero["stage3_max_reuse_distance"] == 10**9
+    assert zero["sub_group_size"] == 10**9
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    assert "allgather_bucket_size" not in zero and "offload_param" not in zero
+
+
+def test_bucket_size_and_gather_overrides() -> None:
+    cfg = cfg_for(
+        "strategy=zero3", "strategy.bucket_size=1000000", "strategy.gather_weights_on_save=false"
+    )
+    zero = build_ds_config(cfg)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 1_000_000
+    assert zero["stage3_prefetch_bucket_size"] == 900_000
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is False
+
+
+def test_offload_blocks_pin_memory_only_on_a_real_gpu() -> None:
+    gpu2 = build_ds_config(reference_config("zero2_offload", "bf16"))["zero_optimization"]
+    assert gpu2["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in gpu2
+    gpu3 = build_ds_config(reference_config("zero3_offload", "bf16"))["zero_optimization"]
+    assert gpu3["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert gpu3["offload_param"] == {"device": "cpu", "pin_memory": True}
+    cpu3 = build_ds_config(cfg_for("strategy=zero3_offload"))["zero_optimization"]
+    assert cpu3["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert cpu3["offload_param"] == {"device": "cpu", "pin_memory": False}
+
+
+# --- optimizer ------------------------------------------------------------------------
+
+
+def test_cpu_preset_uses_the_trainers_torch_optimizer() -> None:
+    ds = build_ds_config(cfg_for("strategy=zero2_offload"))
+    assert "optimizer" not in ds and "scheduler" not in ds
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+
+
+def test_gpu_preset_gets_deepspeed_adamw_from_train_values() -> None:
+    cfg = cfg_for(
+        "strategy=zero3", *GPU, "train.lr=1e-5", "train.weight_decay=0.1",
+        "train.adam_beta2=0.95", "train.adam_epsilon=1e-6",
+    )  # fmt: skip
+    ds = build_ds_config(cfg)
+    assert ds["optimizer"] == {
+        "type": "AdamW",
+        "params": {"lr": 1e-5, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1},
+    }
+    assert "scheduler" not in ds  # the HF Trainer's scheduler drives DeepSpeed's optimizer
+    assert "zero_force_ds_cpu_optimizer" not in ds
+
+
+# --- check_ds_config ------------------------------------------------------------------
+
+
+def test_check_rejects_unknown_top_level_key() -> None:
+    ds = build_ds_config(reference_config("zero2", "bf16"))
+    ds["zero_optimisation"] = {"stage": 3}
+    with pytest.raises(ConfigError) as error:
+        check_ds_config(ds)
+    message = str(error.value)
+    assert "'zero_optimisation'" in message
+    assert "zero_optimization" in message and "train_batch_size" in message  # allowed list
+
+
+def test_check_rejects_auto_and_names_its_path() -> None:
+    ds = build_ds_config(reference_config("zero3", "bf16"))
+    ds["zero_optimization"]["reduce_bucket_size"] = "auto"
+    ds["optimizer"]["params"]["betas"] = ["auto", 0.999]
+    with pytest.raises(ConfigError) as error:
+        check_ds_config(ds)
+    assert "zero_optimization.reduce_bucket_size" in str(error.value)
+    assert "optimizer.params.betas.0" in str(error.value)
+
+
+# --- the HF Trainer's mismatch check (transformers/integrations/deepspeed.py) ---------
+
+
+@pytest.fixture
+def clean_hf_state():
+    """TrainingArguments(deepspeed=...) sets a global HfDeepSpeedConfig and accelerate's
+    PartialState; undo both so later tests do not see ZeRO-3 or a stale state."""
+    saved_env = dict(os.environ)
+    yield
+    from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    os.environ.clear()
+    os.environ.update(saved_env)
+
+
+def training_args(tmp_path: Path, ds: dict[str, Any], cfg: RunConfig, **changes: Any) -> Any:
+    from transformers import TrainingArguments
+
+    train = cfg.train
+    kwargs = dict(
+        learning_rate=train.lr, weight_decay=train.weight_decay, adam_beta1=train.adam_beta1,
+        adam_beta2=train.adam_beta2, adam_epsilon=train.adam_epsilon,
+        max_grad_norm=train.max_grad_norm, per_device_train_batch_size=train.micro_batch_size,
+        gradient_accumulation_steps=train.grad_accum,
+    )  # fmt: skip
+    kwargs.update(changes)
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, deepspeed=ds, **kwargs)
+
+
+@pytest.mark.usefixtures("clean_hf_state")
+def test_hf_mismatch_check_agrees_with_the_same_run_config(tmp_path: Path) -> None:
+    # One process here, so a world of one GPU; the optimizer block is the GPU-preset one.
+    cfg = cfg_for(
+        "strategy=zero3_offload", "cluster.gpu=a100-80g", "cluster.gpus_per_node=1",
+        "train.lr=3e-5", "train.weight_decay=0.1", "train.micro_batch_size=2",
+        "train.grad_accum=4",
+    )  # fmt: skip
+    ds = build_ds_config(cfg)
+    args = training_args(tmp_path, ds, cfg)
+    hf_config = args.hf_deepspeed_config
+    hf_config.trainer_config_finalize(args, None, 100)  # raises on any mismatch
+    assert hf_config.config["train_batch_size"] == 8
+    assert hf_config.config["optimizer"] == ds["optimizer"]
+
+    args = training_args(tmp_path, ds, cfg, learning_rate=1e-4, adam_beta2=0.95)
+    with pytest.raises(ValueError) as error:
+        args.hf_deepspeed_config.trainer_config_finalize(args, None, 100)
+    assert "optimizer.params.lr=3e-05 vs hf learning_rate=0.0001" in str(error.value)
+    assert "optimizer.params.betas" in str(error.value)
