@@ -1,0 +1,151 @@
+"""Trainer callbacks the worker installs: metrics file, checkpoint marker, clean stop.
+
+Callbacks run on every rank; only rank 0 writes files, but every rank must reach the
+same barriers, so nothing here returns early before a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from launcher.checkpoints import write_complete_marker
+
+# Test and operations knob: stop cleanly right after the checkpoint of this step is complete
+# (simulates a preemption at a known point, so a resumed run can be compared step by step).
+STOP_AFTER_STEP_ENV = "FTL_STOP_AFTER_STEP"
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def peak_memory_mib() -> float:
+    """Peak accelerator memory of this rank, or peak resident memory on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class MetricsCallback(TrainerCallback):
+    """Rank 0 appends one JSON line per log event to RUN_DIR/metrics.jsonl."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last: tuple[float, int] | None = None
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        now, tokens = time.time(), int(state.num_input_tokens_seen or 0)
+        record: dict[str, Any] = {"step": state.global_step, "time": now, **logs}
+        if tokens and self._last is not None and now > self._last[0]:
+            record["tokens_per_s"] = (tokens - self._last[1]) / (now - self._last[0])
+        if tokens:
+            record["tokens_seen"] = tokens
+            self._last = (now, tokens)
+        record["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+class CheckpointCallback(TrainerCallback):
+    """Marks a checkpoint COMPLETE once every rank has written its part.
+
+    Also stops training cleanly right after a checkpoint when asked: by
+    FTL_STOP_AFTER_STEP=N, or by SIGUSR1 (Slurm's pre-timeout signal), in which case a
+    checkpoint is forced at the next step end first.
+    """
+
+    def __init__(self, stop_after_step: int | None = None) -> None:
+        self.stop_after_step = stop_after_step
+        self._signalled = False
+        if hasattr(signal, "SIGUSR1"):
+            signal.signal(signal.SIGUSR1, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signalled = True
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        # Ranks may receive the signal at different steps: agree with an all-reduce so
+        # every rank saves (a collective) at the same step.
+        flag = torch.tensor([1.0 if self._signalled else 0.0], device=args.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            control.should_save = True
+            self.stop_after_step = state.global_step
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        barrier()  # every rank has returned from its part of the save
+        if state.is_world_process_zero and checkpoint.is_dir():
+            write_complete_marker(checkpoint, state.global_step, args.world_size)
+        barrier()  # nobody resumes or reads the marker before it exists
+        if self.stop_after_step is not None and state.global_step >= self.stop_after_step:
+            control.should_training_stop = True
+
+
+def stop_after_step_from_env() -> int | None:
+    value = os.environ.get(STOP_AFTER_STEP_ENV, "")
+    return int(value) if value else None
+
+
+class ShardProbe(Dataset):
+    """Wraps the train dataset and records which sample indices this rank loads.
+
+    Evidence that data is sharded: with 2 ranks the index sets are disjoint and each rank
+    sees about half the samples. Only the first `limit` indices are kept.
+    """
+
+    def __init__(self, dataset: Any, limit: int = 100_000) -> None:
+        self.dataset = dataset
+        self.limit = limit
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if len(self.seen) < self.limit:
+            self.seen.append(int(index))
+        return self.dataset[index]
+
+
+class DataloaderProbe(TrainerCallback):
+    """Records this rank's number of train batches per epoch (sharded: N / (micro x world))."""
+
+    def __init__(self) -> None:
+        self.batches_per_epoch: int | None = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        loader = kw.get("train_dataloader")
+        if loader is not None:
+            try:
+                self.batches_per_epoch = len(loader)
+            except TypeError:  # an iterable dataset has no length
+                self.batches_per_epoch = None
