@@ -1,0 +1,392 @@
+"""Slurm: the sbatch script (pure text) and the only sbatch / scontrol / scancel calls.
+
+The job script, top to bottom: #SBATCH options -> a USR1 trap -> cluster.setup lines ->
+launcher environment -> head node from the allocation -> one srun task per node, each
+starting torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node,
+run as `srun ... & wait` so the trap can run while training -> requeue decision.
+
+Preemption and time limits (measured, ../shared/STACK-NOTES.md): `--signal=B:USR1@grace`
+reaches only the batch shell, and bash runs a trap only when its foreground child exits,
+hence `& wait`. The trap does not signal the ranks: it touches RUN_DIR/preempt.requested,
+which every rank polls at each step end (launcher/preempt.py), whatever launcher sits
+between srun and the ranks. The ranks then agree, save a complete checkpoint, stop, and
+rank 0 writes RUN_DIR/preempted. The script requeues (`scontrol requeue`, same job id) only
+when the signal came, the run did not finish, and SLURM_RESTART_COUNT < cluster.max_restarts;
+the rerun uses the same run dir, so the worker resumes from the latest complete checkpoint.
+
+Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
+not by a shell: it honours double quotes and backslash escapes (not single quotes) and
+treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
+are refused everywhere (a newline would start a new script line). Secrets (HF_TOKEN,
+WANDB_API_KEY, ...) reach the job through the environment (sbatch's default --export=ALL)
+and are never written into the script.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from launcher.command import (
+    HEAD_NODE_VAR,
+    NODE_RANK_VAR,
+    Launch,
+    build_launch,
+    quote_arg,
+    render_argv,
+)
+from launcher.errors import ConfigError
+from launcher.hardware import GPU_PRESETS
+from launcher.schema import RunConfig
+
+RUN_DIR_VAR = "FTL_RUN_DIR"
+SBATCH_FILE = "job.sbatch"
+JOB_ID_FILE = "job_id"
+PREEMPT_REQUESTED = "preempt.requested"
+"""Touched by the job's USR1 trap; the ranks poll it (launcher/preempt.py)."""
+PREEMPTED = "preempted"
+"""Written by rank 0 when the ranks stopped for a preemption (checkpoint saved)."""
+RESULT_FILE = "result.json"
+"""Written by the worker (rank 0) when the run finished."""
+
+SLURM_SIGNAL_MAX_S = 65535
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_./:%@+=,-]+$")
+_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2})$")
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+def slurm_problems(cfg: RunConfig) -> list[str]:
+    """Rules for a batch job, each naming the key, the value and the fix."""
+    cluster, problems = cfg.cluster, []
+    if cluster.name != "slurm":
+        problems.append(
+            f"cluster={cluster.name}: `ftl submit` sends a Slurm batch job. "
+            "Fix: cluster=slurm (or `ftl train` to run on this machine)."
+        )
+    if not (_TIME.match(cluster.time) or cluster.time.upper() in _UNLIMITED):
+        problems.append(
+            f"cluster.time={cluster.time}: not a Slurm time limit. "
+            "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.time=04:00:00."
+        )
+    elif not 0 < cluster.signal_grace_s < min(time_seconds(cluster.time), SLURM_SIGNAL_MAX_S):
+        problems.append(
+            f"cluster.signal_grace_s={cluster.signal_grace_s}: the warning before the time "
+            f"limit must be between 1 s and the job's time (cluster.time={cluster.time}) and "
+            f"at most {SLURM_SIGNAL_MAX_S} s. Fix: e.g. cluster.signal_grace_s=120."
+        )
+    if cluster.max_restarts < 0:
+        problems.append(
+            f"cluster.max_restarts={cluster.max_restarts}: must be 0 or more. "
+            "Fix: cluster.max_restarts=3 (0: never requeue)."
+        )
+    if cluster.cpus_per_task < 0:
+        problems.append(
+            f"cluster.cpus_per_task={cluster.cpus_per_task}: must be 0 (Slurm's default) or "
+            "more. Fix: e.g. cluster.cpus_per_task=32."
+        )
+    if cluster.mem and not _MEM.match(cluster.mem):
+        problems.append(
+            f"cluster.mem={cluster.mem}: not a Slurm memory size. Fix: e.g. cluster.mem=500G, "
+            "or cluster.mem=0 for all of a node's memory."
+        )
+    return problems + _text_problems(cfg)
+
+
+def _text_problems(cfg: RunConfig) -> list[str]:
+    cluster, problems = cfg.cluster, []
+    values = {
+        "run.name": cfg.run.name, "run.output_dir": cfg.run.output_dir,
+        "cluster.partition": cluster.partition, "cluster.account": cluster.account,
+        "cluster.qos": cluster.qos,
+        **{f"cluster.sbatch_extra[{i}]": v for i, v in enumerate(cluster.sbatch_extra)},
+        **{f"cluster.setup[{i}]": v for i, v in enumerate(cluster.setup)},
+    }
+    for key, value in values.items():
+        if _CONTROL.search(value):
+            problems.append(
+                f"{key}={value!r}: contains a control character (newline, tab, ...), which "
+                "would break the job script. Fix: remove it (one cluster.setup item per line)."
+            )
+    for index, extra in enumerate(cluster.sbatch_extra):
+        try:
+            tokens = shlex.split(extra)
+        except ValueError as error:
+            tokens, reason = [], str(error)
+        else:
+            reason = "an sbatch option must start with -"
+        if not tokens or not tokens[0].startswith("-"):
+            problems.append(
+                f"cluster.sbatch_extra[{index}]={extra!r}: {reason}. "
+                "Fix: an option as typed after `sbatch`, e.g. '--constraint=a100'."
+            )
+    return problems
+
+
+def time_seconds(limit: str) -> int:
+    """Slurm time limit -> seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)."""
+    if limit.upper() in _UNLIMITED:
+        return 2**31
+    days = 0
+    if "-" in limit:
+        day_text, limit = limit.split("-", 1)
+        days = int(day_text)
+        hours, minutes, seconds = ([int(p) for p in limit.split(":")] + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in limit.split(":")]
+        if len(parts) == 3:
+            hours, minutes, seconds = parts
+        else:  # MM or MM:SS
+            hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def sbatch_quote(value: str) -> str:
+    """One value for an #SBATCH line: sbatch strips double quotes and backslash escapes."""
+    if _SBATCH_SAFE.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def log_paths(run_dir: str | Path, escape: bool = False) -> tuple[str, str]:
+    """The batch script's stdout/stderr, with sbatch's %j (job id) pattern.
+
+    escape: for the #SBATCH line, where sbatch expands %j, %x, ...: a literal % in the run
+    dir must be %%.
+    """
+    logs = str(Path(run_dir) / "logs")
+    if escape:
+        logs = logs.replace("%", "%%")
+    return f"{logs}/slurm-%j.out", f"{logs}/slurm-%j.err"
+
+
+def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
+    """The #SBATCH lines, every value quoted for sbatch's own parser."""
+    cluster = cfg.cluster
+    out, err = log_paths(run_dir, escape=True)
+    pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
+    for flag, value in (
+        ("--partition", cluster.partition),
+        ("--account", cluster.account),
+        ("--qos", cluster.qos),
+    ):
+        if value:
+            pairs.append((flag, value))
+    pairs += [
+        ("--time", cluster.time),
+        ("--nodes", str(cluster.nodes)),
+        ("--ntasks-per-node", "1"),  # one launcher per node; it starts the node's ranks
+    ]
+    preset = GPU_PRESETS.get(cluster.gpu)
+    if preset is not None and not preset.is_cpu:
+        pairs.append(("--gpus-per-node", str(cluster.gpus_per_node)))
+    if cluster.cpus_per_task:
+        pairs.append(("--cpus-per-task", str(cluster.cpus_per_task)))
+    if cluster.mem:
+        pairs.append(("--mem", cluster.mem))
+    pairs += [
+        ("--output", out),
+        ("--error", err),
+        ("--open-mode", "append"),  # a requeued job keeps its earlier output
+        ("--requeue", None),
+        ("--signal", f"B:USR1@{cluster.signal_grace_s}"),
+    ]
+    lines = [f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={sbatch_quote(value)}"
+             for flag, value in pairs]
+    for extra in cluster.sbatch_extra:
+        lines.append("#SBATCH " + " ".join(sbatch_quote(token) for token in shlex.split(extra)))
+    return lines
+
+
+def render_sbatch(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    launch: Launch | None = None,
+    *,
+    tool_dir: str | Path | None = None,
+) -> str:
+    """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
+
+    launch: the per-node command (default: launcher.command.build_launch for run_dir).
+    tool_dir: a directory prepended to PATH (the submitting venv's bin, where torchrun and
+    deepspeed live); cluster.setup lines run after it and may replace it.
+    """
+    run_dir = str(run_dir)
+    launch = launch or build_launch(cfg, run_dir)
+    q = shlex.quote
+    lines = ["#!/bin/bash", *sbatch_options(cfg, run_dir)]
+    lines += [
+        "",
+        "# Written by ftlaunch (`ftl submit`). Not `set -e`: the end decides on the exit code.",
+        "set -uo pipefail",
+        f"export {RUN_DIR_VAR}={q(run_dir)}",
+        f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        'echo "$SLURM_JOB_ID" > "$FTL_RUN_DIR"/' + JOB_ID_FILE,
+        *_trap_lines(),
+    ]
+    if tool_dir is not None:
+        lines += ["", 'export PATH=' + q(str(tool_dir)) + ':"$PATH"']
+    if cfg.cluster.setup:
+        lines += ["", "# cluster.setup (run as written)", *cfg.cluster.setup]
+    lines += ["", *(f"export {key}={q(value)}" for key, value in launch.env.items())]
+    lines += _head_node_lines(cfg, launch, run_dir)
+    lines += ["", *_srun_lines(cfg, launch, run_dir), "", *_finish_lines(cfg)]
+    return "\n".join(lines) + "\n"
+
+
+def _trap_lines() -> list[str]:
+    return [
+        "",
+        "# USR1 (--signal=B:USR1@grace, or `scancel -b -s USR1`): ask the ranks to save a",
+        "# checkpoint at the next step boundary and stop; the end of this script requeues.",
+        "ftl_preempt() {",
+        '    echo "ftl: USR1 at $(date +%FT%T): checkpointing at the next step, then requeue"',
+        f'    touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
+        "}",
+        "trap ftl_preempt USR1",
+    ]
+
+
+def _head_node_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    lines = [
+        f'{HEAD_NODE_VAR}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        f"export {HEAD_NODE_VAR}",
+    ]
+    hostfile = _hostfile_path(launch)
+    if hostfile is not None:
+        # deepspeed --no_ssh counts the hostfile's lines; written from the real node list.
+        slots = cfg.cluster.gpus_per_node
+        lines.append(
+            f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\\$/ slots={slots}/" '
+            f"> {quote_arg(_run_dir_var(hostfile, run_dir), (RUN_DIR_VAR,))}"
+        )
+    lines.append(
+        f'echo "ftl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on '
+        f'$SLURM_JOB_NODELIST, head node ${HEAD_NODE_VAR}, run dir $FTL_RUN_DIR"'
+    )
+    return lines
+
+
+def _hostfile_path(launch: Launch) -> str | None:
+    if launch.hostfile is None or "--hostfile" not in launch.argv:
+        return None
+    return launch.argv[launch.argv.index("--hostfile") + 1]
+
+
+def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    nodes = cfg.cluster.nodes
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1"]
+    if cfg.cluster.cpus_per_task:
+        # Slurm 22.05 steps do not inherit the job's --cpus-per-task.
+        srun.append(f"--cpus-per-task={cfg.cluster.cpus_per_task}")
+    shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
+    argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
+    per_node = (
+        f'export {NODE_RANK_VAR}="$SLURM_NODEID"; '
+        f"exec {render_argv(argv, tuple(dict.fromkeys(shell_vars)))}"
+    )
+    return [
+        "# One task per node: it starts this node's ranks (node rank = SLURM_NODEID).",
+        f"{' '.join(srun)} \\",
+        f"    bash -c {shlex.quote(per_node)} &",
+        "step=$!",
+        "# wait returns early (status > 128) when the trap ran; then keep waiting for the step.",
+        "while :; do",
+        '    rc=0; wait "$step" || rc=$?',
+        '    if [ "$rc" -gt 128 ] && kill -0 "$step" 2>/dev/null; then continue; fi',
+        "    break",
+        "done",
+    ]
+
+
+def _run_dir_var(arg: str, run_dir: str) -> str:
+    """The run dir as ${FTL_RUN_DIR} in the per-node command: one quoted value in the
+    script (the export above) instead of nested quoting inside `bash -c '...'`."""
+    if arg == run_dir or arg.startswith(run_dir.rstrip("/") + "/"):
+        return "${" + RUN_DIR_VAR + "}" + arg[len(run_dir):]
+    return arg
+
+
+def _finish_lines(cfg: RunConfig) -> list[str]:
+    max_restarts = cfg.cluster.max_restarts
+    return [
+        f'if [ -e "$FTL_RUN_DIR"/{RESULT_FILE} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
+        '    echo "ftl: run finished (step exit code $rc)"',
+        '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
+        "    exit 0",
+        "fi",
+        f'if [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
+        "    restarts=${SLURM_RESTART_COUNT:-0}",
+        f'    if [ "$restarts" -lt {max_restarts} ]; then',
+        f'        echo "ftl: requeueing (restart $((restarts + 1)) of {max_restarts}); '
+        'the rerun resumes from the latest complete checkpoint"',
+        '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        '        echo "ftl: scontrol requeue failed"',
+        "    else",
+        f'        echo "ftl: not requeueing: cluster.max_restarts={max_restarts} reached"',
+        "    fi",
+        '    [ "$rc" -eq 0 ] && rc=1  # stopped early: the run is not done',
+        "fi",
+        'echo "ftl: the run did not finish (step exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
+        'exit "$rc"',
+    ]
+
+
+# --- the Slurm commands ------------------------------------------------------------------
+
+
+def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"`{argv[0]}` not found: this machine has no Slurm client. Fix: run on the "
+            "cluster's login node, or `ftl submit --dry-run` to see the job script."
+        ) from None
+
+
+def sbatch(script: Path) -> str:
+    """Submit; returns the job id. sbatch's refusal (bad partition, ...) is a ConfigError."""
+    done = _run(["sbatch", "--parsable", str(script)])
+    if done.returncode != 0:
+        raise ConfigError(
+            f"sbatch refused {script}: {done.stderr.strip() or done.stdout.strip()}. "
+            "Fix: check cluster.partition / cluster.account / cluster.qos / cluster.time."
+        )
+    return done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+
+
+def show_job(job_id: str) -> dict[str, str] | None:
+    """`scontrol show job -o`, as a dict; None when Slurm does not (or no longer) know it."""
+    done = _run(["scontrol", "show", "job", "-o", job_id])
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    return parse_scontrol(done.stdout.strip().splitlines()[0])
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """`Key=Value Key2=Value with spaces ...` -> dict (values may contain spaces)."""
+    pieces = re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip())
+    return dict(piece.split("=", 1) for piece in pieces if "=" in piece)
+
+
+def scancel(job_id: str, signal: str | None = None, batch_only: bool = False) -> None:
+    argv = ["scancel"]
+    if batch_only:
+        argv.append("--batch")
+    if signal:
+        argv.append(f"--signal={signal}")
+    done = _run([*argv, job_id])
+    if done.returncode != 0:
+        raise ConfigError(f"scancel {job_id}: {done.stderr.strip()}")

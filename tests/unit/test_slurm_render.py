@@ -1,0 +1,251 @@
+"""The sbatch script as text: snapshots, quoting of hostile values, secrets, sweeps, rules.
+
+Snapshots live in tests/unit/snapshots/sbatch-<launcher>-<nodes>n.sh. After an intended
+change to the script, regenerate them and review the diff:
+
+    FTL_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/unit/test_slurm_render.py
+
+Running the script for real (hostile run name through sbatch, requeue, resume) is in
+tests/integration/test_slurm.py against a real local Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.compose import compose_config
+from launcher.errors import ConfigError
+from launcher.slurm import (
+    parse_scontrol,
+    render_sbatch,
+    sbatch_quote,
+    slurm_problems,
+    time_seconds,
+)
+from launcher.submit import expand_sweep, submit, with_slurm_default
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+RUN_DIR = "/scratch/outputs/llama-7b-zero3/20260101-000000"
+HOSTILE = "x'; touch /tmp/owned #"
+GPU_JOB = [
+    "cluster=slurm", "model=llama-7b", "strategy=zero3", "precision=bf16",
+    "cluster.gpu=a100-80g", "cluster.gpus_per_node=8", "cluster.partition=gpu",
+    "cluster.account=proj-42", "cluster.qos=high", "cluster.time=1-00:00:00",
+    "cluster.cpus_per_task=32", "cluster.mem=500G", "cluster.signal_grace_s=300",
+    "cluster.max_restarts=5", "cluster.sbatch_extra=[--exclusive,'--constraint=a100&ib']",
+    "cluster.setup=['module load cuda/12.4','source /opt/venv/bin/activate']",
+]
+CPU_JOB = ["cluster=slurm", "cluster.gpu=cpu", "cluster.gpus_per_node=1", "train.max_steps=2"]
+
+
+def sbatch_arguments(line: str) -> list[str]:
+    """How sbatch itself reads an `#SBATCH` line (src/sbatch/opt.c, _get_argument):
+    double quotes group, a backslash escapes the next character, an unquoted # ends it."""
+    args, current, quoted, escaped, started = [], [], False, False, False
+    for char in line.removeprefix("#SBATCH").rstrip("\n"):
+        if escaped:
+            current.append(char)
+            escaped, started = False, True
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted, started = not quoted, True
+        elif char == "#" and not quoted:
+            break
+        elif char.isspace() and not quoted:
+            if started:
+                args.append("".join(current))
+            current, started = [], False
+        else:
+            current.append(char)
+            started = True
+    if started:
+        args.append("".join(current))
+    return args
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_snapshot(launcher: str, nodes: int) -> None:
+    cfg = compose_config([*GPU_JOB, f"cluster.nodes={nodes}", f"cluster.launcher={launcher}"])
+    text = render_sbatch(cfg, RUN_DIR)
+    snapshot = SNAPSHOTS / f"sbatch-{launcher}-{nodes}n.sh"
+    if os.environ.get("FTL_UPDATE_SNAPSHOTS"):
+        snapshot.parent.mkdir(exist_ok=True)
+        snapshot.write_text(text)
+    assert text == snapshot.read_text(), f"regenerate: FTL_UPDATE_SNAPSHOTS=1 ({snapshot})"
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_script_parses_and_holds_the_options(launcher: str) -> None:
+    cfg = compose_config([*GPU_JOB, "cluster.nodes=4", f"cluster.launcher={launcher}"])
+    text = render_sbatch(cfg, RUN_DIR)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    options = [sbatch_arguments(line) for line in text.splitlines() if line.startswith("#SBATCH")]
+    flat = [arg for args in options for arg in args]
+    for expected in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--requeue",
+                     "--partition=gpu", "--account=proj-42", "--qos=high", "--mem=500G",
+                     "--time=1-00:00:00", "--cpus-per-task=32", "--open-mode=append",
+                     "--signal=B:USR1@300", "--exclusive", "--constraint=a100&ib",
+                     f"--output={RUN_DIR}/logs/slurm-%j.out"):
+        assert expected in flat
+    assert "module load cuda/12.4\nsource /opt/venv/bin/activate\n" in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--nodes=4 --ntasks=4 --ntasks-per-node=1" in srun
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
+    if launcher == "deepspeed":  # hostfile from the real node list, 8 slots each
+        assert 'sed "s/\\$/ slots=8/" > "${FTL_RUN_DIR}"/hostfile' in text
+
+
+def test_cpu_preset_asks_for_no_gpus() -> None:
+    text = render_sbatch(compose_config(CPU_JOB), RUN_DIR)
+    assert "--gpus-per-node" not in text
+    assert "export OMP_NUM_THREADS=1" in text
+
+
+def test_requeue_only_when_signalled_and_unfinished_and_under_the_limit() -> None:
+    text = render_sbatch(compose_config([*CPU_JOB, "cluster.max_restarts=2"]), RUN_DIR)
+    finished = text.index(
+        'if [ -e "$FTL_RUN_DIR"/result.json ] && [ ! -e "$FTL_RUN_DIR"/preempted ]'
+    )
+    requeue = text.index('scontrol requeue "$SLURM_JOB_ID"')
+    assert finished < requeue  # a finished run exits before the requeue branch
+    assert 'if [ -e "$FTL_RUN_DIR"/preempt.requested ]' in text
+    assert 'if [ "$restarts" -lt 2 ]' in text
+    assert "trap ftl_preempt USR1" in text and " &\nstep=$!" in text  # `& wait`: trap runs
+
+
+def test_hostile_run_name_stays_one_quoted_value() -> None:
+    cfg = compose_config([*GPU_JOB, "cluster.nodes=4", "cluster.launcher=deepspeed",
+                          f'run.name="{HOSTILE}"'])
+    assert cfg.run.name == HOSTILE
+    run_dir = f"/scratch/{HOSTILE}/20260101-000000"
+    text = render_sbatch(cfg, run_dir)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    lines = [line for line in text.splitlines() if "owned" in line]
+    assert lines, "the name must appear (job name, run dir)"
+    for line in lines:
+        if line.startswith("#SBATCH"):
+            # sbatch reads exactly one argument, holding the whole value.
+            (arg,) = sbatch_arguments(line)
+            assert HOSTILE in arg
+        else:
+            # The shell sees one word: the assignment of the whole run dir.
+            assert shlex.split(line) == ["export", f"FTL_RUN_DIR={run_dir}"]
+
+
+def test_sbatch_quote_round_trips_through_sbatchs_parser() -> None:
+    for value in ['a b"c\\d#e', HOSTILE, "plain", "50%", "$(touch /tmp/owned)"]:
+        assert sbatch_arguments(f"#SBATCH --job-name={sbatch_quote(value)}") == [
+            f"--job-name={value}"
+        ]
+
+
+def test_percent_in_run_dir_is_not_a_slurm_pattern() -> None:
+    text = render_sbatch(compose_config(CPU_JOB), "/scratch/100%/run")
+    out = next(line for line in text.splitlines() if line.startswith("#SBATCH --output"))
+    assert sbatch_arguments(out) == ["--output=/scratch/100%%/run/logs/slurm-%j.out"]
+
+
+def test_secrets_never_reach_the_script_or_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secrets = {"HF_TOKEN": "hf_s3cr3t_token_value", "WANDB_API_KEY": "wandb-s3cr3t-key"}
+    for key, value in secrets.items():
+        monkeypatch.setenv(key, value)
+    assert submit([*CPU_JOB, f"run.output_dir={tmp_path}"], dry_run=True) == 0
+    printed = capsys.readouterr().out
+    (script,) = tmp_path.glob("*/*/job.sbatch")
+    texts = [printed] + [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+    for value in secrets.values():
+        assert not any(value in text for text in texts)
+    assert script.read_text() in printed
+    assert not re.search(r"--export=(?!ALL)", script.read_text())  # env reaches the job
+
+
+def test_dry_run_prints_and_writes_the_script_without_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from launcher.submit import submit\n"
+        f"rc = submit({[*CPU_JOB, f'run.output_dir={tmp_path}']!r}, dry_run=True)\n"
+        "print('HEAVY', [m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules])\n"
+        "raise SystemExit(rc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stdout
+    assert "#SBATCH --nodes=1" in done.stdout and "# dry run: not submitted" in done.stdout
+    (script,) = tmp_path.glob("*/*/job.sbatch")
+    assert os.access(script, os.X_OK)
+
+
+def test_sweep_expands_like_hydra_multirun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = expand_sweep(["train.lr=1e-5,2e-5", "cluster.nodes=1,2", "model=tiny-llama"])
+    assert jobs == [
+        ["train.lr=1e-05", "cluster.nodes=1", "model=tiny-llama"],
+        ["train.lr=1e-05", "cluster.nodes=2", "model=tiny-llama"],
+        ["train.lr=2e-05", "cluster.nodes=1", "model=tiny-llama"],
+        ["train.lr=2e-05", "cluster.nodes=2", "model=tiny-llama"],
+    ]
+    overrides = [*CPU_JOB, "train.lr=1e-5,2e-5", f"run.output_dir={tmp_path}"]
+    assert submit(overrides, dry_run=True, multirun=True) == 0
+    printed = capsys.readouterr().out
+    assert "# job 1 of 2" in printed and "# job 2 of 2" in printed
+    configs = sorted(p.read_text() for p in tmp_path.glob("*/*/config.yaml"))
+    assert len(configs) == 2 and len(list(tmp_path.glob("*/*/job.sbatch"))) == 2
+    learning_rates = sorted(re.search(r"\n  lr: (\S+)", c).group(1) for c in configs)
+    assert learning_rates == ["1.0e-05", "2.0e-05"]
+
+
+def test_a_bad_combination_submits_nothing(tmp_path: Path) -> None:
+    overrides = [*CPU_JOB, "cluster.time=10,bogus", f"run.output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="cluster.time=bogus"):
+        submit(overrides, dry_run=True, multirun=True)
+    assert not list(tmp_path.rglob("job.sbatch"))
+
+
+def test_submit_defaults_to_slurm_and_refuses_local() -> None:
+    assert with_slurm_default(["model=llama-7b"]) == ["cluster=slurm", "model=llama-7b"]
+    assert with_slurm_default(["cluster=local"]) == ["cluster=local"]
+    problems = slurm_problems(compose_config(["cluster=local"]))
+    assert any("cluster=local" in p and "Fix: cluster=slurm" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("cluster.time=4h", "cluster.time=4h: not a Slurm time limit"),
+        ("cluster.signal_grace_s=600", "cluster.signal_grace_s=600"),  # > time (5 min)
+        ("cluster.max_restarts=-1", "cluster.max_restarts=-1"),
+        ("cluster.mem=lots", "cluster.mem=lots"),
+        ("cluster.sbatch_extra=[exclusive]", "must start with -"),
+        ("cluster.partition='gpu\nrm -rf /'", "cluster.partition="),
+    ],
+)
+def test_slurm_rules_name_key_and_fix(override: str, needle: str) -> None:
+    cfg = compose_config(["cluster=slurm", "cluster.time=5", override])
+    problems = slurm_problems(cfg)
+    assert any(needle in p and "Fix:" in p for p in problems), problems
+
+
+def test_time_limits() -> None:
+    assert [time_seconds(t) for t in ("30", "30:15", "04:00:00", "2-0", "1-02:03", "1-0:0:5")] == [
+        1800, 1815, 14400, 172800, 93780, 86405,
+    ]
+
+
+def test_parse_scontrol_keeps_spaces_in_values() -> None:
+    line = "JobId=7 JobName=a b c UserId=root(0) JobState=RUNNING Reason=None Command=/r/job.sbatch"
+    info = parse_scontrol(line)
+    assert info["JobName"] == "a b c" and info["JobState"] == "RUNNING"
+    assert info["Command"] == "/r/job.sbatch"
