@@ -1,0 +1,231 @@
+"""Real Slurm jobs on this machine (scripts/slurm-local.sh: two slurmd "nodes" on one host).
+
+Each job trains the tiny Llama for a few steps through the real path: `ftl submit`'s code
+writes the run dir and job.sbatch, `sbatch --parsable` submits it, srun starts torchrun or
+deepspeed on each node, the ranks run launcher.worker. Nothing is mocked.
+
+Skipped only when this machine has no Slurm client (`sinfo`); CI brings the cluster up
+with `scripts/slurm-local.sh up` first (and this module does too, as root, if it is down).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher.slurm import scancel, show_job
+from launcher.submit import cancel, check_jobs, status, submit_one, with_slurm_default
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = "x'; touch /tmp/owned #"
+OWNED = Path("/tmp/owned")
+STEPS = 6
+# Few optimizer steps of the tiny model; no periodic checkpoint, so the only checkpoint
+# before the end of a preempted run is the one the preemption forced.
+TINY = [
+    "cluster.gpu=cpu",
+    f"train.max_steps={STEPS}",
+    "train.micro_batch_size=4",
+    "train.grad_accum=1",
+    "train.lr=3e-3",
+    "train.warmup_ratio=0.0",
+    "train.lr_scheduler=constant",
+    "train.logging_steps=1",
+    "train.save_steps=1000",
+    "cluster.time=15",
+    "cluster.signal_grace_s=60",
+]
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE"}
+JOB_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Job:
+    job_id: str
+    run_dir: Path
+    info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return self.run_dir / "logs" / f"slurm-{self.job_id}.out"
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "result.json").read_text())
+
+    def losses(self) -> dict[int, float]:
+        """step -> train loss from metrics.jsonl (a resumed run appends; later lines win)."""
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+    def logs(self) -> str:
+        """Everything useful when a job failed: batch output/error and rank errors."""
+        parts = []
+        for path in sorted((self.run_dir / "logs").rglob("*")):
+            if path.is_file() and (path.name.startswith("slurm-") or path.suffix == ".error"
+                                   or path.name.endswith(".log")):
+                parts.append(f"--- {path}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    if shutil.which("sinfo") is None:
+        pytest.skip("no Slurm client (sinfo) here; as root: scripts/slurm-local.sh up")
+    if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        if os.geteuid() != 0:
+            pytest.fail("Slurm is installed but not running: scripts/slurm-local.sh up (root)")
+        subprocess.run([str(ROOT / "scripts" / "slurm-local.sh"), "up"], check=True)
+
+
+def submit_job(overrides: list[str]) -> Job:
+    job = with_slurm_default([*overrides, f"cluster.master_port={free_port()}"])
+    check_jobs([job])
+    with redirect_stdout(StringIO()):
+        run_dir, job_id = submit_one(job, dry_run=False)
+    assert job_id is not None
+    return Job(job_id, run_dir)
+
+
+def wait_for(job: Job, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, str]:
+    """Poll `scontrol show job` until the job has ended (a requeue is not an end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = show_job(job.job_id)
+        assert info is not None, f"Slurm forgot job {job.job_id}"
+        if info["JobState"] in TERMINAL:
+            return info
+        time.sleep(1)
+    scancel(job.job_id)
+    raise AssertionError(f"job {job.job_id} still running after {timeout_s} s\n{job.logs()}")
+
+
+def wait_for_text(path: Path, text: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def assert_completed(job: Job, info: dict[str, str]) -> None:
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
+        f"job {job.job_id}: {info['JobState']} {info['ExitCode']}\n{job.logs()}"
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """One uninterrupted single-node job (2 processes), with a hostile run name."""
+    OWNED.unlink(missing_ok=True)
+    out = tmp_path_factory.mktemp("slurm-reference")
+    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={out}",
+                      f'run.name="{HOSTILE}"'])
+    job.info = wait_for(job)
+    yield job
+
+
+def test_single_node_job_trains_and_completes(reference: Job) -> None:
+    assert_completed(reference, reference.info)
+    result = reference.result
+    assert result["world_size"] == 2 and result["process_group_size"] == 2
+    assert result["global_step"] == STEPS
+    assert result["final_train_loss"] < result["first_train_loss"]
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(reference.job_id) == 0
+    text = printed.getvalue()
+    assert f"job {reference.job_id}: COMPLETED" in text
+    assert f"run: finished at step {STEPS}" in text
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(str(reference.run_dir)) == 0
+    assert f"job {reference.job_id}: COMPLETED" in printed.getvalue()
+
+
+def test_hostile_run_name_never_executes(reference: Job) -> None:
+    assert HOSTILE in str(reference.run_dir)  # the name really went through sbatch and bash
+    assert_completed(reference, reference.info)
+    assert not OWNED.exists(), "a quoted run name was executed by the job script"
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_two_node_job_trains_with_world_size_two(
+    slurm: None, tmp_path: Path, launcher: str
+) -> None:
+    strategy = "zero2" if launcher == "deepspeed" else "ddp"
+    job = submit_job([*TINY, "train.max_steps=4", "cluster.nodes=2", "cluster.gpus_per_node=1",
+                      f"cluster.launcher={launcher}", f"strategy={strategy}",
+                      f"run.output_dir={tmp_path}"])
+    info = wait_for(job)
+    assert_completed(job, info)
+    assert info["NodeList"] == "node[1-2]" and info["NumNodes"] == "2"
+    result = job.result
+    assert result["world_size"] == 2 and result["process_group_size"] == 2
+    assert result["global_step"] == 4
+    if launcher == "deepspeed":
+        assert result["wrapper"]["zero_stage"] == 2
+        # one deepspeed launcher per node, each started its node's rank
+        assert (job.run_dir / "hostfile").read_text() == "node1 slots=1\nnode2 slots=1\n"
+    else:
+        assert (job.run_dir / "logs" / "node-0").is_dir()
+        assert (job.run_dir / "logs" / "node-1").is_dir()
+
+
+def test_preemption_checkpoints_requeues_and_resumes(reference: Job, tmp_path: Path) -> None:
+    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
+                      "run.name=preempted"])
+    # The trap is installed before this line is printed; the ranks start after it.
+    wait_for_text(job.out, f"ftl: job {job.job_id} (restart 0)")
+    scancel(job.job_id, signal="USR1", batch_only=True)
+    info = wait_for(job)
+    assert_completed(job, info)
+    log = job.out.read_text()
+    assert info["Restarts"] == "1", log
+    assert "ftl: requeueing (restart 1 of 3)" in log
+    assert f"ftl: job {job.job_id} (restart 1)" in log
+    result = job.result
+    assert result["global_step"] == STEPS
+    resumed = Path(result["resumed_from"])
+    step = int(resumed.name.removeprefix("checkpoint-"))
+    assert 1 <= step < STEPS and (resumed / "COMPLETE").is_file()
+    # Every step's loss, before and after the resume, equals the uninterrupted run's.
+    expected = reference.losses()
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    assert job.losses() == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
+def test_status_and_cancel(slurm: None, tmp_path: Path) -> None:
+    job = submit_job([*TINY, "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"])
+    with redirect_stdout(StringIO()):
+        assert cancel(str(job.run_dir)) == 0
+    info = wait_for(job, timeout_s=120)
+    assert info["JobState"] == "CANCELLED"
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(job.job_id) == 0
+    assert f"job {job.job_id}: CANCELLED" in printed.getvalue()
+    assert str(job.run_dir) in printed.getvalue()
