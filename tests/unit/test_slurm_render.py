@@ -249,3 +249,62 @@ def test_parse_scontrol_keeps_spaces_in_values() -> None:
     info = parse_scontrol(line)
     assert info["JobName"] == "a b c" and info["JobState"] == "RUNNING"
     assert info["Command"] == "/r/job.sbatch"
+
+
+# --- the job script's end: requeue decision ----------------------------------------------
+# The real path (sbatch, USR1 from scancel, requeue, resume) runs in
+# tests/integration/test_slurm.py. Branches that a real job cannot hit on cue (the signal
+# landing after the run finished, the restart limit) run here: the rendered script under
+# bash with stand-ins for srun and scontrol. The srun stand-in signals its parent, the batch
+# shell, as Slurm's --signal=B:USR1 would, then behaves like the ranks would.
+FAKE_SRUN = """#!/bin/bash
+[ -n "$FAKE_SIGNAL" ] && kill -USR1 "$PPID" && sleep 0.5
+case "$FAKE_RANKS" in
+  finish) echo '{}' > "$FTL_RUN_DIR/result.json" ;;
+  preempt) [ -e "$FTL_RUN_DIR/preempt.requested" ] && echo '{}' > "$FTL_RUN_DIR/preempted" ;;
+  crash) exit 3 ;;
+esac
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1" in
+  show) echo node1 ;;
+  requeue) echo "$2" >> "$FAKE_REQUEUED" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("signal", "ranks", "restarts", "exit_code", "requeued"),
+    [
+        ("", "finish", "", 0, False),  # plain finish
+        ("1", "finish", "", 0, False),  # signal came, but the run finished: no requeue
+        ("1", "preempt", "", 0, True),  # checkpoint + stop -> requeue
+        ("1", "preempt", "2", 0, True),  # restart 3 of 3 still allowed
+        ("1", "preempt", "3", 1, False),  # cluster.max_restarts=3 reached
+        ("", "crash", "", 3, False),  # a failure is reported, not retried
+    ],
+)
+def test_requeue_decision(
+    tmp_path: Path, signal: str, ranks: str, restarts: str, exit_code: int, requeued: bool
+) -> None:
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    script = render_sbatch(compose_config([*CPU_JOB, "cluster.max_restarts=3"]), run_dir)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "node1", "FAKE_SIGNAL": signal, "FAKE_RANKS": ranks,
+        "FAKE_REQUEUED": str(tmp_path / "requeued"),
+    }
+    if restarts:
+        env["SLURM_RESTART_COUNT"] = restarts
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == exit_code, done.stdout + done.stderr
+    assert (tmp_path / "requeued").exists() == requeued, done.stdout
+    if requeued:
+        assert (tmp_path / "requeued").read_text() == "77\n"
+    assert (run_dir / "preempt.requested").exists() == bool(signal)
