@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -70,31 +69,12 @@ class MetricsCallback(TrainerCallback):
 class CheckpointCallback(TrainerCallback):
     """Marks a checkpoint COMPLETE once every rank has written its part.
 
-    Also stops training cleanly right after a checkpoint when asked: by
-    FTL_STOP_AFTER_STEP=N, or by SIGUSR1 (Slurm's pre-timeout signal), in which case a
-    checkpoint is forced at the next step end first.
+    With FTL_STOP_AFTER_STEP=N it also stops training right after step N's checkpoint is
+    complete, like a preemption at a known step (Slurm preemption: launcher/preempt.py).
     """
 
     def __init__(self, stop_after_step: int | None = None) -> None:
         self.stop_after_step = stop_after_step
-        self._signalled = False
-        if hasattr(signal, "SIGUSR1"):
-            signal.signal(signal.SIGUSR1, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signalled = True
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        # Ranks may receive the signal at different steps: agree with an all-reduce so
-        # every rank saves (a collective) at the same step.
-        flag = torch.tensor([1.0 if self._signalled else 0.0], device=args.device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
-            control.should_save = True
-            self.stop_after_step = state.global_step
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

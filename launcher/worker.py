@@ -60,6 +60,12 @@ def train(run_dir: Path) -> dict[str, Any]:
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if trainer.state.global_step < trainer.state.max_steps:
+        # Stopped early (preemption, FTL_STOP_AFTER_STEP): the last complete checkpoint is
+        # the state to continue from; the final eval and model belong to the finished run.
+        print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
+        shutdown()
+        return {"stopped_at_step": trainer.state.global_step}
     final_eval = trainer.evaluate() if trainer.eval_dataset is not None else {}
 
     logits = fixed_batch_logits(trainer, tokenizer)
@@ -293,6 +299,7 @@ def make_trainer(
         stop_after_step_from_env,
     )
     from launcher.data import build_datasets, collator
+    from launcher.preempt import PreemptCallback
 
     train_ds, eval_ds = build_datasets(cfg, tokenizer)
     shard_probe, loader_probe = ShardProbe(train_ds), DataloaderProbe()
@@ -306,6 +313,7 @@ def make_trainer(
         callbacks=[
             MetricsCallback(run_dir / "metrics.jsonl"),
             CheckpointCallback(stop_after_step_from_env()),
+            PreemptCallback(run_dir),
             loader_probe,
         ],
     )
@@ -379,7 +387,10 @@ def dist_barrier() -> None:
 
 
 def collect_result(
-    trainer: Any, probes: dict[str, Any], final_eval: dict[str, float], resume: Path | None,
+    trainer: Any,
+    probes: dict[str, Any],
+    final_eval: dict[str, float],
+    resume: Path | None,
     model_dir: Path,
 ) -> dict[str, Any]:
     """What actually happened, for the launcher and the tests (rank 0 writes it)."""

@@ -1,0 +1,56 @@
+"""Fixtures for real multi-process training runs (2 ranks, gloo, tiny Llama, bundled data).
+
+Runs are cached per session by name, so a test that needs an uninterrupted reference run
+(resume) reuses the one the strategy test already trained. Every run's wall time is
+printed in the terminal summary (a figure to report, not an assertion).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from runs import Run, train  # noqa: E402
+
+from launcher.compose import PROJECT_ROOT  # noqa: E402
+
+RUN_TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bundled_assets() -> None:
+    for needed in ("assets/tokenizer", "data/arith/train.jsonl", "data/arith/eval.jsonl"):
+        if not (PROJECT_ROOT / needed).exists():
+            pytest.skip(f"{needed} is missing (make data)")
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def trained(runs_root: Path) -> Callable[..., Run]:
+    """trained(name, overrides, env=None) -> Run: launches once per name per session."""
+    cache: dict[str, Run] = {}
+
+    def get(name: str, overrides: list[str], env: dict[str, str] | None = None) -> Run:
+        if name not in cache:
+            cache[name] = train(runs_root / name, overrides, env)
+            RUN_TIMES[name] = cache[name].seconds
+        return cache[name]
+
+    return get
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not RUN_TIMES:
+        return
+    terminalreporter.section("training run wall times (2 ranks, 8 steps, incl. startup)")
+    for name, seconds in sorted(RUN_TIMES.items()):
+        terminalreporter.write_line(f"{name:40s} {seconds:6.1f} s")
