@@ -40,8 +40,10 @@ class PreemptCallback(TrainerCallback):
     ) -> None:
         if self.preempted:
             return
-        if not agreed(self.requested()):
+        if not agreed(self.requested()):  # a collective: every rank calls it every step
             return
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            return  # the last step: the run finishes (and saves) now, nothing to resume
         self.preempted = True
         control.should_save = True
         control.should_training_stop = True

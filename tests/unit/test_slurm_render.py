@@ -308,3 +308,56 @@ def test_requeue_decision(
     if requeued:
         assert (tmp_path / "requeued").read_text() == "77\n"
     assert (run_dir / "preempt.requested").exists() == bool(signal)
+
+
+# --- the ranks' side: PreemptCallback ----------------------------------------------------
+
+
+def test_preempt_callback_saves_and_stops_once_requested(tmp_path: Path) -> None:
+    from transformers import TrainerControl, TrainerState
+
+    from launcher.preempt import PreemptCallback
+
+    callback, state = PreemptCallback(tmp_path), TrainerState(global_step=3, max_steps=10)
+    control = TrainerControl()
+    callback.on_step_end(None, state, control)  # type: ignore[arg-type]
+    assert not (control.should_save or control.should_training_stop or callback.preempted)
+    (tmp_path / "preempt.requested").touch()
+    callback.on_step_end(None, state, control)  # type: ignore[arg-type]
+    assert control.should_save and control.should_training_stop and callback.preempted
+    assert '"step": 3' in (tmp_path / "preempted").read_text()
+
+
+def test_preempt_callback_lets_the_last_step_finish(tmp_path: Path) -> None:
+    from transformers import TrainerControl, TrainerState
+
+    from launcher.preempt import PreemptCallback
+
+    (tmp_path / "preempt.requested").touch()
+    callback, control = PreemptCallback(tmp_path), TrainerControl()
+    callback.on_step_end(None, TrainerState(global_step=10, max_steps=10), control)  # type: ignore[arg-type]
+    assert not (control.should_training_stop or callback.preempted)
+    assert not (tmp_path / "preempted").exists()  # finished runs must not requeue
+
+
+AGREE_CODE = """
+import os, sys, torch.distributed as dist
+from launcher.preempt import agreed
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(f"rank {rank}: {agreed(rank == 1)} {agreed(False)}")
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_agree_when_only_one_sees_the_request(tmp_path: Path) -> None:
+    """2 gloo ranks: rank 1 alone sees the file; both must decide to stop at that step."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_CODE)
+    torchrun = Path(sys.executable).parent / "torchrun"
+    done = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node", "2", "--tee", "3", str(script)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0: True False" in done.stdout and "rank 1: True False" in done.stdout
