@@ -4,13 +4,18 @@ Pure arithmetic on the RunConfig (no torch, transformers or deepspeed import), s
 estimate` and `ftl plan` answer at once. Sources of each figure:
 
 - Parameters: counted from the architecture numbers (Llama-style decoder: GQA attention,
-  gated MLP, RMSNorm, untied lm_head unless `model.tie_word_embeddings`). Checked against
-  the published counts of Llama-2 7B/13B/70B and Mistral-7B in tests.
+  gated MLP, RMSNorm, q/k/v biases for architecture=qwen2, untied lm_head unless
+  `model.tie_word_embeddings`). Equal to the published counts of Llama-2 7B/13B/70B and
+  Mistral-7B, and to HF models built from the same numbers (tests).
 - Compute: C = 6*P*D FLOPs (forward 2PD, backward 4PD; Kaplan et al. 2020), plus one more
   forward (2PD) when `train.gradient_checkpointing` recomputes activations. Attention's
   s^2 FLOPs are left out, as in the 6PD rule. Time = C / (world size x peak x `train.mfu`)
   with the preset's dense 16-bit peak (fp16/bf16) or fp32 peak (fp32). The same MFU is used
-  for every strategy: offload usually runs at a lower MFU, which we do not guess.
+  for every strategy: offload usually runs at a lower MFU, which we do not guess. With
+  LoRA/QLoRA the frozen base gets no weight gradients: C = 4PD (+2PD with checkpointing).
+- Tokens D: train.max_steps x global batch x dataset.max_length when max_steps > 0, else
+  dataset.num_tokens x train.epochs; None (said so, not invented) when neither is known.
+  Callers that count the data pass `tokens=`.
 - Model states, three accountings (`accounting=`):
   * "engine" (DEFAULT): what the DeepSpeed engine really allocates, from its source and
     measured on live engines; see ENGINE_ACCOUNTING_NOTES. Precision-aware.
@@ -26,7 +31,9 @@ estimate` and `ftl plan` answer at once. Sources of each figure:
 - Activations: Korthikanti et al. 2022 (arXiv 2205.05198), per layer s*b*h*(34 + 5*a*s/h)
   bytes in 16-bit. The 5*a*s/h term is the stored s x s attention scores; HF models run
   SDPA/flash attention on GPU, which never stores them, so `estimate` leaves the term out
-  on GPU presets and keeps it on `cluster.gpu=cpu` (the math kernel materialises scores).
+  on GPU presets and keeps it on `cluster.gpu=cpu` (conservative: torch may fall back to
+  its math kernel there, which materialises the scores). The 34 is GPT's 4h MLP; a
+  Llama gated MLP stores somewhat more, so treat the figure as a close lower bound.
   With gradient checkpointing each layer keeps only its 16-bit input (2*s*b*h) and one
   layer's full activations exist during its recomputation. Logits add s*b*V*10 bytes
   (16-bit logits, their fp32 upcast for the loss, fp32 log-softmax kept for backward).
@@ -72,7 +79,8 @@ stage3.py and measured (every live tensor summed on 2 CPU ranks and 1, tiny Llam
 and fp32). psi = parameters, N = world size, p = 2 (fp16/bf16) or 4 (fp32), L = largest layer.
   zero1, zero2: p*psi + (16 + g)*psi/N; 16 = fp32 grads 4 + fp32 master 4 + Adam 8 of the
          partition; g = 2 in 16-bit (the 16-bit grad partition is still alive while it is
-         cast to fp32 inside step), 0 in fp32. Stage 1 held exactly what stage 2 held.
+         cast to fp32 inside step(): read from the source, too brief for a snapshot at the
+         step's start to see), 0 in fp32. Stage 1 held exactly what stage 2 held.
          For 16-bit this equals DeepSpeed's 2*psi + 18*psi/N.
   zero3: (2p + 12)*psi/N + 4*min(sub_group_size, psi/N) + 2p*L: 16-bit param and grad
          partitions stay allocated, fp32 grads exist one sub-group at a time, one layer's
@@ -150,7 +158,9 @@ def count_params(model: ModelConfig) -> int:
 
 def largest_layer_params(model: ModelConfig) -> int:
     """Parameters of the largest single module (what DeepSpeed's model_to_params finds)."""
-    linear = max(i * o for i, o in _linear_shapes(model).values())
+    biased = ("q_proj", "k_proj", "v_proj") if model.architecture == "qwen2" else ()
+    linear = max(i * o + (o if name in biased else 0)
+                 for name, (i, o) in _linear_shapes(model).items())
     return max(model.vocab_size * model.hidden_size, linear)
 
 
@@ -215,7 +225,9 @@ def zero_paper_model_states(psi: float, nd: int, stage: int, k: int = 12) -> flo
     return (4 + k) * psi / nd
 
 
-def zero_paper_offload(psi: float, nd: int, gpus_per_node: int, offload_param: bool) -> tuple:
+def zero_paper_offload(
+    psi: float, nd: int, gpus_per_node: int, offload_param: bool
+) -> tuple[float, float]:
     """(gpu, host per node) bytes with ZeRO-Offload/Infinity: optimizer + 16-bit grads on CPU.
 
     The paper counts no gathered layer: with parameters offloaded the GPU holds nothing

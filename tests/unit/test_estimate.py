@@ -58,11 +58,12 @@ def test_rounded_param_counts_match_model_cards() -> None:
 
 
 @pytest.mark.parametrize(
-    "arch, kv_heads, tie",
-    [("llama", 4, False), ("mistral", 2, False), ("qwen2", 2, True)],
+    "arch, kv_heads, tie, vocab",
+    [("llama", 4, False, 512), ("mistral", 2, False, 512), ("qwen2", 2, True, 512),
+     ("qwen2", 4, False, 32)],  # vocab 32: a biased q_proj is the largest module
 )
 def test_param_count_and_largest_layer_match_a_real_hf_model(
-    arch: str, kv_heads: int, tie: bool
+    arch: str, kv_heads: int, tie: bool, vocab: int
 ) -> None:
     """Build the HF model from the same numbers; DeepSpeed's model_to_params counts it."""
     transformers = pytest.importorskip("transformers")
@@ -70,7 +71,8 @@ def test_param_count_and_largest_layer_match_a_real_hf_model(
 
     cfg = cfg_for(
         "model=tiny-llama", f"model.architecture={arch}", f"model.num_kv_heads={kv_heads}",
-        f"model.tie_word_embeddings={str(tie).lower()}",
+        f"model.tie_word_embeddings={str(tie).lower()}", f"model.vocab_size={vocab}",
+        "model.intermediate_size=48",
     )
     m = cfg.model
     config = transformers.AutoConfig.for_model(
