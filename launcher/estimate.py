@@ -88,7 +88,10 @@ and fp32). psi = parameters, N = world size, p = 2 (fp16/bf16) or 4 (fp32), L = 
          out one 16-bit partition): measured 20.05 bytes/param at N=1, 10.05 at N=2.
   offload: GPU keeps the 16-bit params (zero2_offload) or only the gathered layer
          (zero3_offload); host per node = (16 [+ p with offload_param]) * psi *
-         gpus_per_node / N * 1.5 (DeepSpeed's additional_buffer_factor).
+         gpus_per_node / N * 1.5 (DeepSpeed's additional_buffer_factor). On CPU, where
+         "GPU" and host are the same memory, a rank held (fp32, N=2) 15.6 bytes/param with
+         zero2_offload (predicted 4 + 12 = 16.0) and 12.1 with zero3_offload (predicted
+         15.0: the 1.5 factor is headroom there).
   ddp:   torch DDP under the HF Trainer: fp32 weights with autocast, 4 params + 4 grads +
          4 bucket copy of the grads (gradient_as_bucket_view=False) + 8 Adam = 20*psi.
          Not measured (the reducer's buckets are not Python-visible).
