@@ -143,22 +143,27 @@ def run_dir_of_job(info: dict[str, str]) -> Path | None:
 
 def status(target: str) -> int:
     job_id, run_dir = resolve_target(target)
+    info = show_job(job_id) if job_id is not None else None
+    if info is None and run_dir is None:
+        raise ConfigError(
+            f"job {job_id}: Slurm does not know it (a wrong id, or it ended a while ago: "
+            "Slurm keeps ended jobs only briefly). Fix: `ftl status RUN_DIR`, which also "
+            "reads the run's own state."
+        )
     lines: list[str] = []
-    if job_id is not None:
-        info = show_job(job_id)
-        if info is None:
-            lines.append(f"job {job_id}: no longer known to Slurm (it keeps ended jobs a while)")
-        else:
-            lines.append(
-                f"job {job_id}: {info.get('JobState', '?')}"
-                f" (exit {info.get('ExitCode', '?')}, restarts {info.get('Restarts', '0')},"
-                f" run time {info.get('RunTime', '?')}, nodes {info.get('NodeList', '?')},"
-                f" reason {info.get('Reason', 'None')})"
-            )
-    elif run_dir is not None:
+    if info is not None:
+        lines.append(
+            f"job {job_id}: {info.get('JobState', '?')}"
+            f" (exit {info.get('ExitCode', '?')}, restarts {info.get('Restarts', '0')},"
+            f" run time {info.get('RunTime', '?')}, nodes {info.get('NodeList', '?')},"
+            f" reason {info.get('Reason', 'None')})"
+        )
+    elif job_id is not None:
+        lines.append(f"job {job_id}: no longer known to Slurm (it keeps ended jobs briefly)")
+    else:
         lines.append("job: none recorded (not submitted, or a dry run)")
     if run_dir is None:
-        lines.append("run dir: unknown (the job was not submitted by ftl submit)")
+        lines.append("run dir: unknown (the job was not submitted by `ftl submit`)")
     else:
         lines += run_dir_lines(run_dir, job_id)
     print("\n".join(lines))

@@ -361,3 +361,19 @@ def test_ranks_agree_when_only_one_sees_the_request(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 0: True False" in done.stdout and "rank 1: True False" in done.stdout
+
+
+def test_status_of_a_dry_run_dir_and_of_nonsense(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.submit import status
+
+    assert submit([*CPU_JOB, f"run.output_dir={tmp_path}"], dry_run=True) == 0
+    (run_dir,) = tmp_path.glob("*/*")
+    capsys.readouterr()
+    assert status(str(run_dir)) == 0
+    printed = capsys.readouterr().out
+    assert "job: none recorded" in printed and f"run dir: {run_dir}" in printed
+    assert "latest complete checkpoint: none yet" in printed
+    with pytest.raises(ConfigError, match="neither a run directory nor a Slurm job id"):
+        status(str(tmp_path / "missing"))
