@@ -336,9 +336,9 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         "    else",
         f'        echo "ftl: not requeueing: cluster.max_restarts={max_restarts} reached"',
         "    fi",
-        '    [ "$rc" -eq 0 ] && rc=1  # stopped early: the run is not done',
         "fi",
-        'echo "ftl: the run did not finish (step exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
+        '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
+        'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
     ]
 

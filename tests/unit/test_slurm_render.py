@@ -282,6 +282,7 @@ esac
         ("1", "preempt", "2", 0, True),  # restart 3 of 3 still allowed
         ("1", "preempt", "3", 1, False),  # cluster.max_restarts=3 reached
         ("", "crash", "", 3, False),  # a failure is reported, not retried
+        ("", "stop", "", 1, False),  # ranks exited 0 without finishing: not a success
     ],
 )
 def test_requeue_decision(

@@ -65,7 +65,7 @@ if [ -e "$FTL_RUN_DIR"/preempt.requested ]; then
     else
         echo "ftl: not requeueing: cluster.max_restarts=5 reached"
     fi
-    [ "$rc" -eq 0 ] && rc=1  # stopped early: the run is not done
 fi
-echo "ftl: the run did not finish (step exit code $rc); rank logs: $FTL_RUN_DIR/logs"
+[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done
+echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"
 exit "$rc"
