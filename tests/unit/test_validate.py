@@ -98,7 +98,8 @@ def test_zero_max_steps_is_refused() -> None:
 
 
 def test_global_batch_mismatch_suggests_grad_accum() -> None:
-    overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4", "train.global_batch_size=32"]
+    overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4",
+                 "train.global_batch_size=32"]
     message = only_problem(overrides)
     assert "train.global_batch_size=32" in message
     assert "4 x 1 x 2 = 8" in message
@@ -112,7 +113,8 @@ def test_global_batch_that_matches_is_valid() -> None:
 
 
 def test_global_batch_not_divisible_explains() -> None:
-    overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4", "train.global_batch_size=12"]
+    overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4",
+                 "train.global_batch_size=12"]
     message = only_problem(overrides)
     assert "divisible by train.micro_batch_size x world size (8)" in message
 
