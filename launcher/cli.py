@@ -68,7 +68,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(cfg), indent=2))
     else:
-        print(render_estimate_table(cfg), end="")
+        print(render_estimate_table(cfg).rstrip("\n"))
     return 0
 
 
