@@ -90,6 +90,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@verb("submit", "write the run dir and job script and submit it with sbatch (--dry-run: print it)")
+def cmd_submit(args: argparse.Namespace) -> int:
+    from launcher.submit import submit
+
+    return submit(args.overrides, dry_run=args.dry_run, multirun=args.multirun)
+
+
+@verb("status", "state of a Slurm job and its run: ftl status RUN_DIR|JOBID")
+def cmd_status(args: argparse.Namespace) -> int:
+    from launcher.submit import status
+
+    return status(args.target)
+
+
+@verb("cancel", "cancel a Slurm job: ftl cancel RUN_DIR|JOBID")
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from launcher.submit import cancel
+
+    return cancel(args.target)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ftl",
@@ -103,8 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
         if name == "estimate":
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
+        if name == "submit":
+            verb_parser.add_argument("--dry-run", action="store_true",
+                                     help="write the run dir and print the job script only")
+            verb_parser.add_argument("-m", "--multirun", action="store_true",
+                                     help="sweep: one job per combination of comma lists")
         if name == "report":
             verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
+            continue
+        if name in ("status", "cancel"):
+            verb_parser.add_argument("target", help="a run dir or a Slurm job id")
             continue
         verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     return parser
