@@ -56,10 +56,11 @@ class MetricsCallback(TrainerCallback):
             return
         now, tokens = time.time(), int(state.num_input_tokens_seen or 0)
         record: dict[str, Any] = {"step": state.global_step, "time": now, **logs}
-        if tokens and self._last is not None and now > self._last[0]:
+        # Throughput since the previous log event that saw new tokens (all ranks together;
+        # the Trainer's own train_tokens_per_second averages over the whole run).
+        if self._last is not None and tokens > self._last[1] and now > self._last[0]:
             record["tokens_per_s"] = (tokens - self._last[1]) / (now - self._last[0])
-        if tokens:
-            record["tokens_seen"] = tokens
+        if self._last is None or tokens > self._last[1]:
             self._last = (now, tokens)
         record["peak_memory_mib"] = round(peak_memory_mib(), 1)
         with self.path.open("a", encoding="utf-8") as out:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -24,6 +25,7 @@ from omegaconf import OmegaConf
 
 from launcher.checkpoints import resolve_resume
 from launcher.compose import PROJECT_ROOT, to_run_config
+from launcher.data import build_datasets
 from launcher.errors import ConfigError
 from launcher.hardware import gpu_preset
 from launcher.schema import RunConfig
@@ -54,7 +56,8 @@ def train(run_dir: Path) -> dict[str, Any]:
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     model = apply_peft(build_model(cfg, tokenizer), cfg)
-    trainer, probes = make_trainer(cfg, run_dir, args, model, tokenizer)
+    train_ds, eval_ds = build_datasets(cfg, tokenizer)
+    trainer, probes = make_trainer(run_dir, args, model, tokenizer, train_ds, eval_ds)
 
     resume = resolve_resume(cfg.run.resume, run_dir / "checkpoints")
     if resume is not None:
@@ -146,7 +149,7 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
     if cfg.model.path:
-        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
     m = cfg.model
     config = AutoConfig.for_model(
         m.architecture,
@@ -163,7 +166,15 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(config, dtype=model_dtype(cfg))
+
+
+def model_dtype(cfg: RunConfig) -> torch.dtype:
+    """fp32 master weights (AMP and DeepSpeed cast for compute), except a frozen LoRA base,
+    which needs no master copy: it stays in bf16 when training in bf16."""
+    if cfg.peft.name == "lora" and cfg.precision.name == "bf16":
+        return torch.bfloat16
+    return torch.float32
 
 
 def load_quantized(cfg: RunConfig) -> Any:
@@ -251,7 +262,12 @@ def training_arguments(
         ddp_find_unused_parameters=False,
     )
     if on_cpu:
-        kwargs.update(use_cpu=backend != "deepspeed", ddp_backend="gloo", optim="adamw_torch")
+        kwargs.update(
+            use_cpu=backend != "deepspeed",
+            ddp_backend="gloo",
+            optim="adamw_torch",
+            dataloader_pin_memory=False,  # pinning needs an accelerator
+        )
     if backend == "deepspeed":
         kwargs["deepspeed"] = _ds_config(run_dir, disable_bf16=late_bf16)
     elif backend == "fsdp":
@@ -287,7 +303,7 @@ def _has_tensorboard() -> bool:
 
 
 def make_trainer(
-    cfg: RunConfig, run_dir: Path, args: Any, model: Any, tokenizer: Any
+    run_dir: Path, args: Any, model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
 ) -> tuple[Any, dict[str, Any]]:
     from transformers import Trainer
 
@@ -298,10 +314,9 @@ def make_trainer(
         ShardProbe,
         stop_after_step_from_env,
     )
-    from launcher.data import build_datasets, collator
+    from launcher.data import collator
     from launcher.preempt import PreemptCallback
 
-    train_ds, eval_ds = build_datasets(cfg, tokenizer)
     shard_probe, loader_probe = ShardProbe(train_ds), DataloaderProbe()
     trainer = Trainer(
         model=model,
@@ -371,6 +386,14 @@ def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
     state_dict = get_fp32_state_dict_from_zero_checkpoint(str(model_dir))
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.save_pretrained(str(model_dir), state_dict=state_dict)
+    # The shards (with optimizer states) stay in checkpoints/; model/ is a plain HF dir.
+    for leftover in [*model_dir.glob("global_step*"), model_dir / "latest"]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        elif leftover.exists():
+            leftover.unlink()
+    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+        (model_dir / script).unlink(missing_ok=True)
 
 
 def _has_weights(model_dir: Path) -> bool:

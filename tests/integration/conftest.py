@@ -53,4 +53,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     terminalreporter.section("training run wall times (2 ranks, 8 steps, incl. startup)")
     for name, seconds in sorted(RUN_TIMES.items()):
-        terminalreporter.write_line(f"{name:40s} {seconds:6.1f} s")
+        terminalreporter.write_line(f"{name:52s} {seconds:6.1f} s")

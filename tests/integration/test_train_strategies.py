@@ -81,29 +81,46 @@ EXPECTED_WRAPPER: dict[str, dict[str, Any]] = {
 }
 
 ZERO = ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
-CASES = [
-    *[(s, "torchrun", "fp32") for s in EXPECTED_WRAPPER],
-    *[(s, "deepspeed", "fp32") for s in ZERO],
-    ("ddp", "torchrun", "bf16"),
-    ("zero3", "deepspeed", "bf16"),
-    ("fsdp", "torchrun", "bf16"),
+NO_GATHER = ("strategy.gather_weights_on_save=false",)  # ZeRO-3 shards -> zero_to_fp32
+CASES: list[tuple[str, str, str, tuple[str, ...]]] = [
+    *[(s, "torchrun", "fp32", ()) for s in EXPECTED_WRAPPER],
+    *[(s, "deepspeed", "fp32", ()) for s in ZERO],
+    ("ddp", "torchrun", "bf16", ()),
+    ("zero3", "deepspeed", "bf16", ()),
+    ("fsdp", "torchrun", "bf16", ()),
+    ("zero3", "torchrun", "fp32", NO_GATHER),
 ]
 
 
-def run_name(strategy: str, launcher: str, precision: str) -> str:
-    return f"{strategy}-{launcher}-{precision}"
+def run_name(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = ()) -> str:
+    tags = [e.split(".")[-1].replace("=", "-") for e in extra]
+    return "-".join([strategy, launcher, precision, *tags])
 
 
-def strategy_overrides(strategy: str, launcher: str, precision: str) -> list[str]:
-    return [f"strategy={strategy}", f"cluster.launcher={launcher}", f"precision={precision}"]
+def strategy_overrides(
+    strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = ()
+) -> list[str]:
+    return [
+        f"strategy={strategy}",
+        f"cluster.launcher={launcher}",
+        f"precision={precision}",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize(("strategy", "launcher", "precision"), CASES, ids=run_name)
+@pytest.mark.parametrize(
+    ("strategy", "launcher", "precision", "extra"), CASES, ids=[run_name(*c) for c in CASES]
+)
 def test_strategy_trains_sharded_and_saves_a_loadable_model(
-    trained: Callable[..., Run], strategy: str, launcher: str, precision: str
+    trained: Callable[..., Run],
+    strategy: str,
+    launcher: str,
+    precision: str,
+    extra: tuple[str, ...],
 ) -> None:
     run = trained(
-        run_name(strategy, launcher, precision), strategy_overrides(strategy, launcher, precision)
+        run_name(strategy, launcher, precision, extra),
+        strategy_overrides(strategy, launcher, precision, extra),
     )
     assert run.returncode == 0, describe_failure(run)
     result = run.result
@@ -117,6 +134,7 @@ def test_strategy_trains_sharded_and_saves_a_loadable_model(
     assert_loss_decreased(result)
     assert_precision(result, strategy, precision)
     assert_checkpoints_complete(run)
+    assert_metrics_logged(run)
     assert_saved_model_reproduces_logits(run, precision)
 
 
@@ -155,6 +173,15 @@ def assert_checkpoints_complete(run: Run) -> None:
     checkpoints = list_checkpoints(run.run_dir / "checkpoints")
     assert [c.name for c in checkpoints] == ["checkpoint-4", "checkpoint-8"]
     assert all(is_complete(c) for c in checkpoints)
+
+
+def assert_metrics_logged(run: Run) -> None:
+    """metrics.jsonl: every step's loss, the initial and final eval, throughput, memory."""
+    metrics = run.metrics()
+    assert sorted(run.train_losses()) == list(range(1, MAX_STEPS + 1))
+    assert [m["step"] for m in metrics if "eval_loss" in m] == [0, MAX_STEPS]
+    assert all(m["peak_memory_mib"] > 0 for m in metrics)
+    assert any(m.get("tokens_per_s", 0) > 0 for m in metrics)
 
 
 def assert_saved_model_reproduces_logits(run: Run, precision: str) -> None:
