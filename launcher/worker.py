@@ -69,7 +69,7 @@ def train(run_dir: Path) -> dict[str, Any]:
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
         shutdown()
         return {"stopped_at_step": trainer.state.global_step}
-    final_eval = trainer.evaluate() if trainer.eval_dataset is not None else {}
+    final_eval = final_evaluation(trainer)
 
     logits = fixed_batch_logits(trainer, tokenizer)
     model_dir = save_final_model(trainer, cfg, run_dir / "model")
@@ -336,6 +336,17 @@ def make_trainer(
 
 
 # --- after training: logits, save, result ------------------------------------------------
+
+
+def final_evaluation(trainer: Any) -> dict[str, float]:
+    """Eval metrics at the last step: the Trainer's own when eval_steps already ran one
+    there (it evaluates at the end of a step-based schedule), else one evaluate() now."""
+    if trainer.eval_dataset is None:
+        return {}
+    for entry in reversed(trainer.state.log_history):
+        if "eval_loss" in entry and entry.get("step") == trainer.state.global_step:
+            return entry
+    return trainer.evaluate()
 
 
 def fixed_batch_logits(trainer: Any, tokenizer: Any) -> dict[str, torch.Tensor]:

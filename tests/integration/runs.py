@@ -35,6 +35,8 @@ FAST_TRAIN = [
     "train.lr_scheduler=constant",
     "train.logging_steps=1",
     "train.save_steps=4",
+    "train.eval_steps=0",  # evaluate at the start and the end only
+    "train.epochs=1",
     "cluster.gpus_per_node=2",
 ]
 RUN_TIMEOUT_S = 600
