@@ -38,7 +38,9 @@ def peak_memory_mib() -> float:
 
 
 class MetricsCallback(TrainerCallback):
-    """Rank 0 appends one JSON line per log event to RUN_DIR/metrics.jsonl."""
+    """Rank 0 appends one JSON line per log event to RUN_DIR/metrics.jsonl and prints a
+    one-line progress report (the worker turns tqdm off: bars from several ranks, teed
+    through the launcher, garble the console)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -65,6 +67,25 @@ class MetricsCallback(TrainerCallback):
         record["peak_memory_mib"] = round(peak_memory_mib(), 1)
         with self.path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
+        print(progress_line(record, state.max_steps), flush=True)
+
+
+def progress_line(record: dict[str, Any], max_steps: int) -> str:
+    """e.g. `[ftl] step 40/564  loss 3.1250  lr 2.00e-03  5210 tok/s  peak 512 MiB`."""
+    parts = [f"[ftl] step {record['step']}/{max_steps}"]
+    if "loss" in record:
+        parts.append(f"loss {record['loss']:.4f}")
+    if "learning_rate" in record:
+        parts.append(f"lr {record['learning_rate']:.2e}")
+    if "eval_loss" in record:
+        parts.append(f"eval_loss {record['eval_loss']:.4f}")
+    if "train_loss" in record:  # only the end-of-training summary has the mean loss
+        parts.append(f"training done in {record['train_runtime']:.1f} s")
+        parts.append(f"mean loss {record['train_loss']:.4f}")
+    if "tokens_per_s" in record:
+        parts.append(f"{record['tokens_per_s']:.0f} tok/s")
+    parts.append(f"peak {record['peak_memory_mib']:.0f} MiB")
+    return "  ".join(parts)
 
 
 class CheckpointCallback(TrainerCallback):

@@ -51,6 +51,7 @@ def train(run_dir: Path) -> dict[str, Any]:
     cfg = to_run_config(OmegaConf.load(run_dir / "config.yaml"))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     accelerator_config = setup_distributed(cfg, on_cpu)
+    quiet_progress_bars()
     tokenizer = load_tokenizer(cfg)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config)
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
@@ -112,6 +113,14 @@ def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
             "Fix: launch through `ftl train`, which resolves strategy=auto first."
         )
     return {"use_configured_state": True}
+
+
+def quiet_progress_bars() -> None:
+    """Loading/saving bars from every rank garble the launcher's console; steps are
+    reported by MetricsCallback instead."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def shutdown() -> None:
@@ -253,13 +262,14 @@ def training_arguments(
         seed=t.seed,
         data_seed=t.seed,
         # Under FSDP, fsdp_config.activation_checkpointing does it (launcher/fsdp.py).
-        gradient_checkpointing=t.gradient_checkpointing and backend != "fsdp",
+        activation_checkpointing=t.gradient_checkpointing and backend != "fsdp",
         bf16=bf16 and not late_bf16,
         fp16=fp16,
         report_to=["tensorboard"] if _has_tensorboard() else "none",
         include_num_input_tokens_seen="all",
         accelerator_config=accelerator_config or None,
         ddp_find_unused_parameters=False,
+        disable_tqdm=True,  # MetricsCallback prints one progress line per log event
     )
     if on_cpu:
         kwargs.update(
@@ -305,7 +315,7 @@ def _has_tensorboard() -> bool:
 def make_trainer(
     run_dir: Path, args: Any, model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
 ) -> tuple[Any, dict[str, Any]]:
-    from transformers import Trainer
+    from transformers import PrinterCallback, Trainer
 
     from launcher.callbacks import (
         CheckpointCallback,
@@ -332,6 +342,7 @@ def make_trainer(
             loader_probe,
         ],
     )
+    trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
     return trainer, {"shard": shard_probe, "loader": loader_probe}
 
 
@@ -446,6 +457,7 @@ def collect_result(
         "resumed_from": str(resume) if resume else None,
         "model_dir": str(model_dir),
         "dtype": str(next(trainer.model.parameters()).dtype),
+        "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
     }
 
 
