@@ -457,7 +457,9 @@ def collect_result(
         "resumed_from": str(resume) if resume else None,
         "model_dir": str(model_dir),
         "dtype": str(next(trainer.model.parameters()).dtype),
-        "gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False)),
+        "activation_checkpointing": bool(
+            getattr(trainer.model, "is_activation_checkpointing", False)
+        ),
     }
 
 

@@ -217,3 +217,20 @@ def test_bf16_losses_track_fp32(trained: Callable[..., Run]) -> None:
     assert a.keys() == b.keys()
     assert a != b
     assert all(abs(a[k] - b[k]) < 0.1 for k in a), (a, b)
+
+
+def test_activation_checkpointing_is_applied_and_changes_no_numbers(
+    trained: Callable[..., Run],
+) -> None:
+    plain = trained(
+        run_name("ddp", "torchrun", "fp32"), strategy_overrides("ddp", "torchrun", "fp32")
+    )
+    checkpointed = trained(
+        "ddp-torchrun-fp32-activation-checkpointing",
+        [*strategy_overrides("ddp", "torchrun", "fp32"), "train.gradient_checkpointing=true"],
+    )
+    assert checkpointed.returncode == 0, describe_failure(checkpointed)
+    assert checkpointed.result["activation_checkpointing"] is True
+    assert plain.result["activation_checkpointing"] is False
+    # Recomputing activations in backward gives the same gradients, so the same losses.
+    assert checkpointed.train_losses() == pytest.approx(plain.train_losses(), rel=1e-5)
