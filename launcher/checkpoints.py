@@ -6,15 +6,21 @@ directory that looks like a checkpoint but cannot be resumed from. So a checkpoi
 only once rank 0 has written the COMPLETE marker, which it does after a barrier at the end
 of the save (launcher/callbacks.py), i.e. after every rank has finished writing.
 
-No torch import here: the CLI and the Slurm code call `latest_complete_checkpoint` too.
+The second half writes the final model (RUN_DIR/model) as a plain HF directory whatever the
+strategy: gathered under ZeRO-3, a full state dict under FSDP2, LoRA merged into the base.
+
+No torch import at module level: the CLI and the Slurm code call
+`latest_complete_checkpoint` too; the export functions import what they need.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from launcher.errors import ConfigError
 
@@ -77,3 +83,104 @@ def resolve_resume(resume: str, checkpoints_dir: Path) -> Path | None:
             "checkpoint of the run, or run.resume=auto to take the latest complete one."
         )
     return path
+
+
+# --- the final model ---------------------------------------------------------------------
+
+
+def save_final_model(trainer: Any, is_peft: bool, model_dir: Path) -> Path:
+    """A plain HF directory that AutoModelForCausalLM.from_pretrained loads.
+
+    Called on every rank: gathering ZeRO-3 / FSDP2 weights is a collective; rank 0 writes.
+    """
+    if trainer.is_fsdp_enabled:
+        # Sharded checkpoints are right for resuming; the final model must be whole.
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    if is_peft:
+        return save_merged_peft_model(trainer, model_dir)
+    trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
+    _barrier()
+    if trainer.is_world_process_zero() and not _has_weights(model_dir):
+        consolidate_zero_checkpoint(trainer, model_dir)
+    _barrier()
+    return model_dir
+
+
+def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
+    """ZeRO-3 without gathering on save left shards: rebuild fp32 weights (zero_to_fp32)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(str(model_dir))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.save_pretrained(str(model_dir), state_dict=state_dict)
+    # The shards (with optimizer states) stay in checkpoints/; model/ is a plain HF dir.
+    for leftover in [*model_dir.glob("global_step*"), model_dir / "latest"]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        elif leftover.exists():
+            leftover.unlink()
+    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
+        (model_dir / script).unlink(missing_ok=True)
+
+
+def save_merged_peft_model(trainer: Any, model_dir: Path) -> Path:
+    """model_dir/adapter (the PEFT adapter) and model_dir itself: the base model with the
+    LoRA update merged in, loadable without peft. Works sharded: the full state dict is
+    gathered (a collective), rank 0 merges it on CPU."""
+    trainer.save_model(str(model_dir / "adapter"))
+    state_dict = _full_state_dict(trainer)
+    if trainer.is_world_process_zero() and state_dict is not None:
+        from safetensors.torch import save_file
+
+        peft_model = trainer.accelerator.unwrap_model(trainer.model)
+        lora = peft_model.peft_config["default"]
+        scaling = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
+        merged = merge_lora_state_dict(state_dict, scaling)
+        save_file(merged, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+        peft_model.get_base_model().config.save_pretrained(str(model_dir))
+        trainer.processing_class.save_pretrained(str(model_dir))
+    _barrier()
+    return model_dir
+
+
+def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
+    """Whole weights on rank 0 (other ranks may get partial or empty dicts)."""
+    if trainer.is_deepspeed_enabled:
+        try:
+            return trainer.accelerator.get_state_dict(trainer.deepspeed)
+        except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
+            print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
+            return None
+    if trainer.is_fsdp_enabled:
+        return trainer.accelerator.get_state_dict(trainer.model)
+    return trainer.accelerator.unwrap_model(trainer.model).state_dict()
+
+
+def merge_lora_state_dict(state_dict: dict[str, Any], scaling: float) -> dict[str, Any]:
+    """PEFT LoRA state dict -> the base model's: W + scaling * B @ A, adapter keys dropped,
+    `base_model.model.` and `.base_layer` removed from the names."""
+    merged: dict[str, Any] = {}
+    for key, value in state_dict.items():
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix("base_model.model.")
+        if ".base_layer." in key:
+            prefix, leaf = key.split(".base_layer.")
+            name = name.replace(".base_layer.", ".")
+            if leaf == "weight":
+                a = state_dict[f"{prefix}.lora_A.default.weight"].float()
+                b = state_dict[f"{prefix}.lora_B.default.weight"].float()
+                value = (value.float() + scaling * (b @ a)).to(value.dtype)
+        merged[name] = value.detach().cpu().contiguous().clone()
+    return merged
+
+
+def _has_weights(model_dir: Path) -> bool:
+    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.checkpoints import resolve_resume
+from launcher.checkpoints import resolve_resume, save_final_model
 from launcher.compose import PROJECT_ROOT, to_run_config
 from launcher.data import build_datasets
 from launcher.errors import ConfigError
@@ -73,7 +72,7 @@ def train(run_dir: Path) -> dict[str, Any]:
     final_eval = final_evaluation(trainer)
 
     logits = fixed_batch_logits(trainer, tokenizer)
-    model_dir = save_final_model(trainer, cfg, run_dir / "model")
+    model_dir = save_final_model(trainer, cfg.peft.name != "none", run_dir / "model")
     result = collect_result(trainer, probes, final_eval, resume, model_dir)
     if trainer.is_world_process_zero():
         torch.save(logits, run_dir / "final_logits.pt")
@@ -371,59 +370,6 @@ def fixed_batch_logits(trainer: Any, tokenizer: Any) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         logits = model(input_ids=input_ids.to(trainer.args.device)).logits
     return {"input_ids": input_ids, "logits": logits.float().cpu()}
-
-
-def save_final_model(trainer: Any, cfg: RunConfig, model_dir: Path) -> Path:
-    """A plain HF directory that AutoModelForCausalLM.from_pretrained loads."""
-    if trainer.is_fsdp_enabled:
-        # Sharded checkpoints are right for resuming; the final model must be whole.
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    if cfg.peft.name != "none":
-        return save_peft_model(trainer, model_dir)
-    trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
-    dist_barrier()
-    if trainer.is_world_process_zero() and not _has_weights(model_dir):
-        consolidate_zero_checkpoint(trainer, model_dir)
-    dist_barrier()
-    return model_dir
-
-
-def save_peft_model(trainer: Any, model_dir: Path) -> Path:
-    """The adapter (model_dir/adapter) and, where the weights are whole on rank 0 (DDP),
-    the merged model, loadable without peft."""
-    trainer.save_model(str(model_dir / "adapter"))
-    dist_barrier()
-    if trainer.is_world_process_zero() and not (trainer.is_fsdp_enabled or _is_zero3(trainer)):
-        merged = trainer.model.merge_and_unload()
-        merged.save_pretrained(str(model_dir))
-        trainer.processing_class.save_pretrained(str(model_dir))
-    dist_barrier()
-    return model_dir
-
-
-def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
-    """ZeRO-3 without gathering on save left shards: rebuild fp32 weights (zero_to_fp32)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state_dict = get_fp32_state_dict_from_zero_checkpoint(str(model_dir))
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    model.save_pretrained(str(model_dir), state_dict=state_dict)
-    # The shards (with optimizer states) stay in checkpoints/; model/ is a plain HF dir.
-    for leftover in [*model_dir.glob("global_step*"), model_dir / "latest"]:
-        if leftover.is_dir():
-            shutil.rmtree(leftover)
-        elif leftover.exists():
-            leftover.unlink()
-    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
-        (model_dir / script).unlink(missing_ok=True)
-
-
-def _has_weights(model_dir: Path) -> bool:
-    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))
-
-
-def _is_zero3(trainer: Any) -> bool:
-    return trainer.is_deepspeed_enabled and trainer.deepspeed.zero_optimization_stage() == 3
 
 
 def dist_barrier() -> None:

@@ -1,5 +1,5 @@
-"""peft=lora on 2 CPU ranks (DDP): only the adapters train, and the saved model/ is the
-merged model, loadable without peft, with the trained model's logits."""
+"""peft=lora on 2 CPU ranks under DDP, ZeRO-3 and FSDP2: only the adapters train, and the
+saved model/ is the merged model, loadable without peft, with the trained model's logits."""
 
 from __future__ import annotations
 
@@ -12,13 +12,24 @@ from runs import Run, describe_failure
 pytestmark = pytest.mark.slow
 
 
-def test_lora_trains_adapters_and_saves_a_merged_model(trained: Callable[..., Run]) -> None:
-    run = trained("lora-ddp-torchrun-fp32", ["strategy=ddp", "peft=lora"])
+WRAPPED = {
+    "ddp": ("PeftModelForCausalLM", "DistributedDataParallel"),
+    "zero3": ("PeftModelForCausalLM", "DeepSpeedEngine"),
+    "fsdp": ("FSDPPeftModelForCausalLM", "FSDPPeftModelForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(WRAPPED))
+def test_lora_trains_adapters_and_saves_a_merged_model(
+    trained: Callable[..., Run], strategy: str
+) -> None:
+    run = trained(f"lora-{strategy}-torchrun-fp32", [f"strategy={strategy}", "peft=lora"])
     assert run.returncode == 0, describe_failure(run)
     result = run.result
     assert result["world_size"] == 2
-    assert result["wrapper"]["model_class"] == "PeftModelForCausalLM"
-    assert result["wrapper"]["wrapped_class"] == "DistributedDataParallel"
+    model_class, wrapped_class = WRAPPED[strategy]
+    assert result["wrapper"]["model_class"] == model_class
+    assert result["wrapper"]["wrapped_class"] == wrapped_class
     # Adapters on the attention projections only learn slower than full fine-tuning, but they learn.
     assert result["final_eval_loss"] < result["initial_eval_loss"] - 0.1, result
 
