@@ -23,10 +23,18 @@ HUB_HOST = "huggingface.co"
 def prepare(overrides: list[str], *, launching_locally: bool) -> tuple[Plan, Path, Launch]:
     """Compose, validate, plan and (only if all is well) write the run dir."""
     cfg = compose_config(overrides)
-    plan = make_plan(cfg, launching_locally=launching_locally)
-    if launching_locally:
-        problems = machine_problems(plan)
-        if problems:
+    if not launching_locally:
+        plan = make_plan(cfg)
+    else:
+        # Report the configuration's problems and this machine's together, in one error.
+        problems: list[str] = []
+        try:
+            plan = make_plan(cfg, launching_locally=True)
+        except ConfigError as error:
+            problems += error.problems
+            plan = None
+        problems += machine_problems(plan.cfg if plan else cfg, plan)
+        if problems or plan is None:
             raise ConfigError(problems)
     run_dir = new_run_dir_path(plan.cfg.run.output_dir, plan.cfg.run.name).resolve()
     launch = plan_launch(plan, run_dir)
@@ -34,16 +42,17 @@ def prepare(overrides: list[str], *, launching_locally: bool) -> tuple[Plan, Pat
     return plan, run_dir, launch
 
 
-def machine_problems(plan: Plan) -> list[str]:
+def machine_problems(cfg: RunConfig, plan: Plan | None) -> list[str]:
     """What stops this machine from running the plan, each with the next step."""
-    cfg, problems = plan.cfg, []
+    problems = []
     if cfg.cluster.gpu != "cpu" and shutil.which("nvidia-smi") is None:
         problems.append(
             f"cluster.gpu={cfg.cluster.gpu}: this machine has no NVIDIA GPU. Fix: "
             "cluster.gpu=cpu to train here, or `ftl submit cluster=slurm ...` on a GPU cluster."
         )
     problems += _missing_sources(cfg)
-    estimate = plan.estimate
+    problems += _unreadable_data(cfg)
+    estimate = plan.estimate if plan else None
     if estimate is not None and not estimate.get("fits", True) and not cfg.run.force:
         gib = estimate["gpu_bytes"] / 1024**3
         problems.append(
@@ -76,6 +85,26 @@ def _missing_sources(cfg: RunConfig) -> list[str]:
         "reachable; `ftl plan` shows the plan without running it."
         for key, value in remote
     ]
+
+
+def _unreadable_data(cfg: RunConfig) -> list[str]:
+    """Read local data files once here, so a bad file fails before any rank starts."""
+    import datasets
+
+    from launcher.data import load_records
+    from launcher.errors import DataError
+
+    datasets.disable_progress_bars()
+    problems = []
+    for key, path in (("dataset.path", cfg.dataset.path), ("dataset.eval_path",
+                                                           cfg.dataset.eval_path)):
+        if not path or not Path(path).is_file():
+            continue
+        try:
+            load_records(path, cfg.dataset.format)
+        except (DataError, ConfigError) as error:
+            problems.append(f"{key}={path}: {error}")
+    return problems
 
 
 def hub_reachable() -> bool:

@@ -86,3 +86,15 @@ def test_train_refuses_what_this_machine_cannot_run(tmp_path: Path) -> None:
     assert "model.path=meta-llama/Llama-2-7b-hf" in done.stderr
     assert "ftl plan" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_train_reports_bad_data_with_config_problems_before_launch(tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"instruction": "a", "answer": "b"}\n')
+    out = tmp_path / "out"
+    done = ftl("train", f"dataset.path={data}", "precision=fp16", f"run.output_dir={out}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "2 configuration errors" in done.stderr
+    assert "precision=fp16" in done.stderr
+    assert f"dataset.path={data}" in done.stderr and "'output'" in done.stderr
+    assert not out.exists()
