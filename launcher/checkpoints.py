@@ -88,7 +88,7 @@ def resolve_resume(resume: str, checkpoints_dir: Path) -> Path | None:
 # --- the final model ---------------------------------------------------------------------
 
 
-def save_final_model(trainer: Any, is_peft: bool, model_dir: Path) -> Path:
+def save_final_model(trainer: Any, is_peft: bool, model_dir: Path, base_path: str = "") -> Path:
     """A plain HF directory that AutoModelForCausalLM.from_pretrained loads.
 
     Called on every rank: gathering ZeRO-3 / FSDP2 weights is a collective; rank 0 writes.
@@ -97,7 +97,7 @@ def save_final_model(trainer: Any, is_peft: bool, model_dir: Path) -> Path:
         # Sharded checkpoints are right for resuming; the final model must be whole.
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     if is_peft:
-        return save_merged_peft_model(trainer, model_dir)
+        return save_merged_peft_model(trainer, model_dir, base_path)
     trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
     _barrier()
     if trainer.is_world_process_zero() and not _has_weights(model_dir):
@@ -123,21 +123,28 @@ def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
         (model_dir / script).unlink(missing_ok=True)
 
 
-def save_merged_peft_model(trainer: Any, model_dir: Path) -> Path:
+def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Path:
     """model_dir/adapter (the PEFT adapter) and model_dir itself: the base model with the
     LoRA update merged in, loadable without peft. Works sharded: the full state dict is
-    gathered (a collective), rank 0 merges it on CPU."""
+    gathered (a collective), rank 0 merges it on CPU. QLoRA merges into the unquantized
+    base weights read from `base_path` (the usual practice: 4-bit weights are lossy)."""
     trainer.save_model(str(model_dir / "adapter"))
     state_dict = _full_state_dict(trainer)
     if trainer.is_world_process_zero() and state_dict is not None:
         from safetensors.torch import save_file
 
         peft_model = trainer.accelerator.unwrap_model(trainer.model)
+        base_model = peft_model.get_base_model()
         lora = peft_model.peft_config["default"]
         scaling = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
-        merged = merge_lora_state_dict(state_dict, scaling)
+        quantized = getattr(base_model, "is_loaded_in_4bit", False)
+        base = _read_safetensors(Path(base_path)) if quantized else None
+        merged = merge_lora_state_dict(state_dict, scaling, base)
         save_file(merged, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
-        peft_model.get_base_model().config.save_pretrained(str(model_dir))
+        config = base_model.config
+        if quantized:
+            config = type(config).from_pretrained(base_path)  # without quantization_config
+        config.save_pretrained(str(model_dir))
         trainer.processing_class.save_pretrained(str(model_dir))
     _barrier()
     return model_dir
@@ -156,22 +163,42 @@ def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
     return trainer.accelerator.unwrap_model(trainer.model).state_dict()
 
 
-def merge_lora_state_dict(state_dict: dict[str, Any], scaling: float) -> dict[str, Any]:
-    """PEFT LoRA state dict -> the base model's: W + scaling * B @ A, adapter keys dropped,
-    `base_model.model.` and `.base_layer` removed from the names."""
-    merged: dict[str, Any] = {}
-    for key, value in state_dict.items():
-        if ".lora_" in key:
+def _read_safetensors(model_path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for shard in sorted(model_path.glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    return state
+
+
+LORA_A, LORA_B = ".lora_A.default.weight", ".lora_B.default.weight"
+
+
+def merge_lora_state_dict(
+    state_dict: dict[str, Any], scaling: float, base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """PEFT LoRA state dict -> the base model's weights with W + scaling * B @ A.
+
+    `base`: the base weights by their plain names; default: the (unquantized) base layers
+    in `state_dict`, names without `base_model.model.` and `.base_layer`.
+    """
+    if base is None:
+        base = {
+            key.removeprefix("base_model.model.").replace(".base_layer.", "."): value
+            for key, value in state_dict.items()
+            if ".lora_" not in key
+        }
+    merged = {name: value.detach().cpu().contiguous().clone() for name, value in base.items()}
+    for key, a in state_dict.items():
+        if not key.endswith(LORA_A):
             continue
-        name = key.removeprefix("base_model.model.")
-        if ".base_layer." in key:
-            prefix, leaf = key.split(".base_layer.")
-            name = name.replace(".base_layer.", ".")
-            if leaf == "weight":
-                a = state_dict[f"{prefix}.lora_A.default.weight"].float()
-                b = state_dict[f"{prefix}.lora_B.default.weight"].float()
-                value = (value.float() + scaling * (b @ a)).to(value.dtype)
-        merged[name] = value.detach().cpu().contiguous().clone()
+        prefix = key.removesuffix(LORA_A)
+        b = state_dict[prefix + LORA_B]
+        name = prefix.removeprefix("base_model.model.") + ".weight"
+        weight = merged[name]
+        delta = scaling * (b.detach().cpu().float() @ a.detach().cpu().float())
+        merged[name] = (weight.float() + delta).to(weight.dtype)
     return merged
 
 

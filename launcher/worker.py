@@ -72,7 +72,9 @@ def train(run_dir: Path) -> dict[str, Any]:
     final_eval = final_evaluation(trainer)
 
     logits = fixed_batch_logits(trainer, tokenizer)
-    model_dir = save_final_model(trainer, cfg.peft.name != "none", run_dir / "model")
+    model_dir = save_final_model(
+        trainer, cfg.peft.name != "none", run_dir / "model", base_path=cfg.model.path
+    )
     result = collect_result(trainer, probes, final_eval, resume, model_dir)
     if trainer.is_world_process_zero():
         torch.save(logits, run_dir / "final_logits.pt")
@@ -435,6 +437,7 @@ def wrapper_info(trainer: Any) -> dict[str, Any]:
         "wrapped_class": type(trainer.model_wrapped).__name__,
         "optimizer_class": type(trainer.optimizer).__name__,
         "optimizer_state_device": _optimizer_state_device(trainer.optimizer),
+        "base_weights_4bit": any(type(m).__name__ == "Linear4bit" for m in trainer.model.modules()),
     }
     if trainer.is_deepspeed_enabled:
         info.update(_deepspeed_info(trainer.deepspeed))
