@@ -60,6 +60,28 @@ def write_complete_marker(checkpoint: Path, step: int, world_size: int) -> None:
     tmp.rename(checkpoint / COMPLETE_MARKER)  # atomic: the marker is there whole or not at all
 
 
+def checkpoint_world_size(checkpoint: Path) -> int | None:
+    """The number of ranks that wrote `checkpoint` (from its COMPLETE marker)."""
+    try:
+        return int(json.loads((checkpoint / COMPLETE_MARKER).read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_resume_world_size(checkpoint: Path, world_size: int, backend: str) -> None:
+    """DeepSpeed ZeRO checkpoints hold one optimizer partition per rank and refuse to load
+    on another world size; say so before the engine fails deep inside."""
+    written_by = checkpoint_world_size(checkpoint)
+    if backend != "deepspeed" or written_by is None or written_by == world_size:
+        return
+    raise ConfigError(
+        f"run.resume: {checkpoint} was written by {written_by} ranks, this run has "
+        f"{world_size}; DeepSpeed cannot load ZeRO partitions on another world size. Fix: "
+        f"run with {written_by} ranks (cluster.nodes x cluster.gpus_per_node), or "
+        "run.resume=never, or convert the checkpoint with DeepSpeed's ds_to_universal."
+    )
+
+
 def resolve_resume(resume: str, checkpoints_dir: Path) -> Path | None:
     """`run.resume` -> the checkpoint to load, or None for a fresh start.
 

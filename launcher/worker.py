@@ -12,6 +12,7 @@ The CPU workarounds are the ones measured in STACK-NOTES.md; each says why where
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.checkpoints import resolve_resume, save_final_model
+from launcher.checkpoints import check_resume_world_size, resolve_resume, save_final_model
 from launcher.compose import PROJECT_ROOT, to_run_config
 from launcher.data import build_datasets
 from launcher.errors import ConfigError
@@ -61,6 +62,7 @@ def train(run_dir: Path) -> dict[str, Any]:
 
     resume = resolve_resume(cfg.run.resume, run_dir / "checkpoints")
     if resume is not None:
+        check_resume_world_size(resume, args.world_size, cfg.strategy.backend)
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if trainer.state.global_step < trainer.state.max_steps:
@@ -517,5 +519,16 @@ def write_error(run_dir: Path, text: str) -> None:
         pass  # the traceback still reaches stderr via the re-raise
 
 
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown once everything is written and the process
+    group is destroyed: teardown can still abort ("terminate called without an active
+    exception", SIGABRT, seen with DeepSpeed on gloo even after barrier + destroy), which
+    would turn a finished run into a failed one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -9,6 +9,8 @@ import pytest
 
 from launcher.checkpoints import (
     COMPLETE_MARKER,
+    check_resume_world_size,
+    checkpoint_world_size,
     latest_complete_checkpoint,
     list_checkpoints,
     resolve_resume,
@@ -66,3 +68,12 @@ def test_explicit_path_must_exist_and_be_complete(tmp_path: Path) -> None:
 def test_marker_is_written_atomically(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path, 3, complete=True)
     assert sorted(p.name for p in path.iterdir()) == [COMPLETE_MARKER, "trainer_state.json"]
+
+
+def test_deepspeed_resume_on_another_world_size_is_refused(tmp_path: Path) -> None:
+    checkpoint = make_checkpoint(tmp_path, 4, complete=True)  # written by 2 ranks
+    assert checkpoint_world_size(checkpoint) == 2
+    check_resume_world_size(checkpoint, 2, "deepspeed")
+    check_resume_world_size(checkpoint, 4, "ddp")  # DDP state is not partitioned
+    with pytest.raises(ConfigError, match="written by 2 ranks, this run has 4"):
+        check_resume_world_size(checkpoint, 4, "deepspeed")
