@@ -38,12 +38,18 @@ def peak_memory_mib() -> float:
 
 
 class MetricsCallback(TrainerCallback):
-    """Rank 0 appends one JSON line per log event to RUN_DIR/metrics.jsonl and prints a
-    one-line progress report (the worker turns tqdm off: bars from several ranks, teed
-    through the launcher, garble the console)."""
+    """Live metrics. On every rank it adds tokens/s, achieved TFLOP/s, MFU (GPU only: a CPU
+    has no meaningful peak) and peak memory to the Trainer's log dict; the worker installs
+    it first, so TensorBoard records these with the loss. Rank 0 also appends the log to
+    RUN_DIR/metrics.jsonl and prints a one-line progress report (the worker turns tqdm off:
+    bars from several ranks, teed through the launcher, garble the console). At the end
+    each rank writes its own peak memory to RUN_DIR/metrics/rank<R>.json."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, run_dir: Path, flops_per_token: float,
+                 peak_flops_per_device: float | None) -> None:
+        self.run_dir = run_dir
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops_per_device
         self._last: tuple[float, int] | None = None
 
     def on_log(
@@ -54,20 +60,39 @@ class MetricsCallback(TrainerCallback):
         logs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not state.is_world_process_zero or not logs:
+        if not logs:
             return
-        now, tokens = time.time(), int(state.num_input_tokens_seen or 0)
-        record: dict[str, Any] = {"step": state.global_step, "time": now, **logs}
-        # Throughput since the previous log event that saw new tokens (all ranks together;
-        # the Trainer's own train_tokens_per_second averages over the whole run).
-        if self._last is not None and tokens > self._last[1] and now > self._last[0]:
-            record["tokens_per_s"] = (tokens - self._last[1]) / (now - self._last[0])
-        if self._last is None or tokens > self._last[1]:
-            self._last = (now, tokens)
-        record["peak_memory_mib"] = round(peak_memory_mib(), 1)
-        with self.path.open("a", encoding="utf-8") as out:
+        self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
+        logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        if not state.is_world_process_zero:
+            return
+        record: dict[str, Any] = {"step": state.global_step, "time": time.time(), **logs}
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
         print(progress_line(record, state.max_steps), flush=True)
+
+    def _add_throughput(self, logs: dict[str, Any], tokens: int, world_size: int) -> None:
+        """Since the previous log event that saw new tokens (all ranks together; the
+        Trainer's own train_tokens_per_second averages over the whole run)."""
+        now = time.time()
+        if self._last is not None and tokens > self._last[1] and now > self._last[0]:
+            tokens_per_s = (tokens - self._last[1]) / (now - self._last[0])
+            achieved = self.flops_per_token * tokens_per_s
+            logs["tokens_per_s"] = tokens_per_s
+            logs["tflops"] = achieved / 1e12
+            if self.peak_flops:
+                logs["mfu"] = achieved / (world_size * self.peak_flops)
+        if self._last is None or tokens > self._last[1]:
+            self._last = (now, tokens)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        out = self.run_dir / "metrics"
+        out.mkdir(exist_ok=True)
+        record = {"rank": args.process_index, "peak_memory_mib": round(peak_memory_mib(), 1),
+                  "tokens_seen": int(state.num_input_tokens_seen or 0)}
+        (out / f"rank{args.process_index}.json").write_text(json.dumps(record) + "\n")
 
 
 def progress_line(record: dict[str, Any], max_steps: int) -> str:
@@ -84,6 +109,8 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
         parts.append(f"mean loss {record['train_loss']:.4f}")
     if "tokens_per_s" in record:
         parts.append(f"{record['tokens_per_s']:.0f} tok/s")
+    if "mfu" in record:
+        parts.append(f"MFU {record['mfu']:.1%}")
     parts.append(f"peak {record['peak_memory_mib']:.0f} MiB")
     return "  ".join(parts)
 

@@ -59,17 +59,19 @@ def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
     ranks = [_read_json(p) for p in sorted((run_dir / "metrics").glob("rank*.json"))]
     losses = series(history, "loss")[1]
     evals = series(history, "eval_loss")[1]
-    speeds = series(history, "tokens_per_s")[1]
     lines = [f"run dir: {run_dir}", f"strategy: {plan.get('strategy')}  "
              f"world size: {plan.get('world_size')}  gpu: {plan.get('gpu')}"]
     if losses:
         lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
     if evals:
         lines.append(f"eval loss: {evals[0]:.4f} -> {evals[-1]:.4f}")
-    if speeds:
-        lines.append(f"throughput: {sum(speeds) / len(speeds):.1f} tokens/s (mean of logs)")
+    for key, label in (("tokens_per_s", "throughput, tokens/s"), ("tflops", "achieved TFLOP/s"),
+                       ("mfu", "MFU")):
+        values = series(history, key)[1]
+        if values:
+            lines.append(f"{label}: {sum(values) / len(values):.4g} (mean of {len(values)} logs)")
     lines += _memory_lines(estimate, ranks)
-    lines += _time_lines(estimate, history)
+    lines += _time_lines(run_dir, history)
     return "\n".join(lines)
 
 
@@ -79,18 +81,37 @@ def _memory_lines(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list
         lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
     for rank in ranks:
         lines.append(f"measured peak memory, rank {rank['rank']}: "
-                     f"{rank['peak_memory_bytes'] / GIB:.3f} GiB")
+                     f"{rank['peak_memory_mib'] / 1024:.3f} GiB")
     return lines
 
 
-def _time_lines(estimate: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
-    runtime = next((row["train_runtime"] for row in history if "train_runtime" in row), None)
-    lines = []
-    if estimate.get("est_seconds"):
-        lines.append(f"estimated time: {estimate['est_seconds']:.1f} s")
-    if runtime is not None:
-        lines.append(f"measured train time: {runtime:.1f} s")
+def _time_lines(run_dir: Path, history: list[dict[str, Any]]) -> list[str]:
+    """Measured train time beside the estimator's time for the tokens the run really saw."""
+    final = [row for row in history if "train_loss" in row and "train_runtime" in row]
+    if not final:
+        return []
+    lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
+    tokens = final[-1].get("num_input_tokens_seen")
+    seconds = _estimated_seconds(run_dir, tokens) if tokens else None
+    if seconds is not None:
+        lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
     return lines
+
+
+def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
+    from omegaconf import OmegaConf
+
+    from launcher.compose import to_run_config
+    from launcher.estimate import count_params, peak_flops, training_flops, training_seconds
+    from launcher.hardware import gpu_preset
+
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    cfg = to_run_config(OmegaConf.load(run_dir / "config.yaml"))
+    flops = training_flops(count_params(cfg.model), tokens, cfg.train.gradient_checkpointing,
+                           frozen_base=cfg.peft.name != "none")
+    peak = peak_flops(gpu_preset(cfg.cluster.gpu), cfg.precision.name)
+    return training_seconds(flops, cfg.world_size, peak, cfg.train.mfu)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

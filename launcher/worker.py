@@ -58,7 +58,7 @@ def train(run_dir: Path) -> dict[str, Any]:
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     model = apply_peft(build_model(cfg, tokenizer), cfg)
     train_ds, eval_ds = build_datasets(cfg, tokenizer)
-    trainer, probes = make_trainer(run_dir, args, model, tokenizer, train_ds, eval_ds)
+    trainer, probes = make_trainer(cfg, run_dir, args, model, tokenizer, train_ds, eval_ds)
 
     resume = resolve_resume(cfg.run.resume, run_dir / "checkpoints")
     if resume is not None:
@@ -316,7 +316,8 @@ def _has_tensorboard() -> bool:
 
 
 def make_trainer(
-    run_dir: Path, args: Any, model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
+    cfg: RunConfig, run_dir: Path, args: Any, model: Any, tokenizer: Any, train_ds: Any,
+    eval_ds: Any,
 ) -> tuple[Any, dict[str, Any]]:
     from transformers import PrinterCallback, Trainer
 
@@ -331,6 +332,7 @@ def make_trainer(
     from launcher.preempt import PreemptCallback
 
     shard_probe, loader_probe = ShardProbe(train_ds), DataloaderProbe()
+    metrics = MetricsCallback(run_dir, *model_flops(cfg))
     trainer = Trainer(
         model=model,
         args=args,
@@ -339,14 +341,25 @@ def make_trainer(
         data_collator=collator(tokenizer),
         processing_class=tokenizer,
         callbacks=[
-            MetricsCallback(run_dir / "metrics.jsonl"),
             CheckpointCallback(stop_after_step_from_env()),
             PreemptCallback(run_dir),
             loader_probe,
         ],
     )
     trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
+    # First in line: the fields it adds to each log reach TensorBoard and metrics.jsonl.
+    trainer.callback_handler.callbacks.insert(0, metrics)
     return trainer, {"shard": shard_probe, "loader": loader_probe}
+
+
+def model_flops(cfg: RunConfig) -> tuple[float, float | None]:
+    """FLOPs per trained token (the estimator's C = 6PD rule, 4PD for a frozen base) and
+    the device's dense peak FLOP/s, or None on CPU where MFU means nothing."""
+    from launcher.estimate import count_params, peak_flops, training_flops
+
+    preset = gpu_preset(cfg.cluster.gpu)
+    per_token = training_flops(count_params(cfg.model), 1, frozen_base=cfg.peft.name != "none")
+    return per_token, None if preset.is_cpu else peak_flops(preset, cfg.precision.name)
 
 
 # --- after training: logits, save, result ------------------------------------------------

@@ -1,0 +1,66 @@
+"""`ftl train` end to end as a user runs it: run dir, launcher, ranks, live metrics,
+`ftl report`; and a run whose ranks fail says which rank and where its log is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.integration.runs import FAST_TRAIN
+
+pytestmark = pytest.mark.slow
+
+
+def ftl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True,
+                          text=True, timeout=900)
+
+
+def only_run_dir(output_dir: Path) -> Path:
+    (run_dir,) = [p for p in output_dir.glob("*/*") if p.is_dir()]
+    return run_dir
+
+
+def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None:
+    done = ftl("train", "strategy=zero2", *FAST_TRAIN, "train.logging_steps=2",
+               f"run.output_dir={tmp_path}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    assert f"Model: {run_dir / 'model'}" in done.stdout
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    assert isinstance(model, torch.nn.Module)
+
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    speeds = [row for row in history if "tokens_per_s" in row]
+    assert speeds and all(row["tokens_per_s"] > 0 and row["tflops"] > 0 for row in speeds)
+    ranks = sorted(p.name for p in (run_dir / "metrics").glob("rank*.json"))
+    assert ranks == ["rank0.json", "rank1.json"]
+    assert all(json.loads((run_dir / "metrics" / r).read_text())["peak_memory_mib"] > 100
+               for r in ranks)
+    events = list((run_dir / "tensorboard").rglob("events.out.tfevents*"))
+    assert events and any(b"tokens_per_s" in e.read_bytes() for e in events)
+
+    report = ftl("report", str(run_dir))
+    assert report.returncode == 0, report.stderr
+    assert "measured peak memory, rank 1" in report.stdout
+    assert "estimated train time for those" in report.stdout
+    image = matplotlib.image.imread(run_dir / "report.png")
+    assert image.shape[0] > 100 and image.std() > 0.01
+
+
+def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
+    # Every bundled answer is cut off at 8 tokens: the ranks find no trainable example.
+    done = ftl("train", *FAST_TRAIN, "dataset.max_length=8", f"run.output_dir={tmp_path}")
+    assert done.returncode == 1, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    assert "ftl train: the run failed" in done.stderr
+    assert "rank 0: " in done.stderr and "rank 1: " in done.stderr
+    assert str(run_dir / "logs" / "rank0.error") in done.stderr
+    assert "dataset.max_length" in (run_dir / "logs" / "rank0.error").read_text()
