@@ -82,6 +82,39 @@ def check_resume_world_size(checkpoint: Path, world_size: int, backend: str) -> 
     )
 
 
+RESUME_FROM_FILE = "resume_from"
+
+
+def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path | None:
+    """The newest complete checkpoint of earlier, unfinished launches of a run name
+    (outputs/<run.name>/<timestamp>/checkpoints): what run.resume=auto continues from when
+    `ftl train` is run again after a crash. A finished run (it wrote result.json) ends the
+    search: it, and every launch before it, is done, so the same command then trains anew.
+    Timestamps sort by name."""
+    if not run_root.is_dir():
+        return None
+    runs = sorted((p for p in run_root.iterdir() if p.is_dir() and p != exclude), reverse=True)
+    for run in runs:
+        if (run / "result.json").exists():
+            return None
+        found = latest_complete_checkpoint(run / "checkpoints")
+        if found is not None:
+            return found
+    return None
+
+
+def resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """What the worker loads: resolve_resume on this run dir's own checkpoints; for auto
+    without one, the earlier launch's checkpoint the launcher recorded in RUN_DIR/resume_from
+    (own checkpoints come first, so a requeued job continues from its newest state)."""
+    own = resolve_resume(resume, run_dir / "checkpoints")
+    recorded = run_dir / RESUME_FROM_FILE
+    if own is not None or resume != "auto" or not recorded.is_file():
+        return own
+    earlier = Path(recorded.read_text().strip())
+    return earlier if is_complete(earlier) else None
+
+
 def resolve_resume(resume: str, checkpoints_dir: Path) -> Path | None:
     """`run.resume` -> the checkpoint to load, or None for a fresh start.
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.checkpoints import RESUME_FROM_FILE, latest_in_earlier_runs
 from launcher.command import Launch
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
@@ -38,8 +39,19 @@ def prepare(overrides: list[str], *, launching_locally: bool) -> tuple[Plan, Pat
             raise ConfigError(problems)
     run_dir = new_run_dir_path(plan.cfg.run.output_dir, plan.cfg.run.name).resolve()
     launch = plan_launch(plan, run_dir)
-    write_run_dir(run_dir, run_dir_files(plan, launch, overrides), executable=("launch.sh",))
+    files = run_dir_files(plan, launch, overrides)
+    earlier = earlier_checkpoint(plan.cfg, run_dir)
+    if earlier is not None:
+        files[RESUME_FROM_FILE] = f"{earlier}\n"
+        print(f"ftl: run.resume=auto continues from {earlier}", file=sys.stderr)
+    write_run_dir(run_dir, files, executable=("launch.sh",))
     return plan, run_dir, launch
+
+
+def earlier_checkpoint(cfg: RunConfig, run_dir: Path) -> Path | None:
+    if cfg.run.resume != "auto":
+        return None
+    return latest_in_earlier_runs(run_dir.parent, exclude=run_dir)
 
 
 def machine_problems(cfg: RunConfig, plan: Plan | None) -> list[str]:
@@ -128,8 +140,16 @@ def run_local(plan: Plan, run_dir: Path, launch: Launch) -> int:
     print(f"ftl train: run dir {run_dir} (per-rank logs in {run_dir / 'logs'})", flush=True)
     env = {**os.environ, **launch.env}
     returncode = subprocess.call(resolve_tool(launch.argv), env=env)
-    if returncode == 0:
+    if returncode == 0 and (run_dir / "result.json").is_file():
         print(f"ftl train: done. Model: {run_dir / 'model'}", flush=True)
+        return 0
+    if returncode == 0:
+        print(
+            "ftl train: stopped before the last step, after a complete checkpoint in "
+            f"{run_dir / 'checkpoints'}; the same `ftl train` command again resumes from it "
+            "(run.resume=auto).",
+            flush=True,
+        )
         return 0
     print(failure_report(run_dir, returncode), file=sys.stderr)
     return 1

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.checkpoints import check_resume_world_size, resolve_resume, save_final_model
+from launcher.checkpoints import check_resume_world_size, resume_checkpoint, save_final_model
 from launcher.compose import PROJECT_ROOT, to_run_config
 from launcher.data import build_datasets
 from launcher.errors import ConfigError
@@ -60,7 +60,7 @@ def train(run_dir: Path) -> dict[str, Any]:
     train_ds, eval_ds = build_datasets(cfg, tokenizer)
     trainer, probes = make_trainer(cfg, run_dir, args, model, tokenizer, train_ds, eval_ds)
 
-    resume = resolve_resume(cfg.run.resume, run_dir / "checkpoints")
+    resume = resume_checkpoint(cfg.run.resume, run_dir)
     if resume is not None:
         check_resume_world_size(resume, args.world_size, cfg.strategy.backend)
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)

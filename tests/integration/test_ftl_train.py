@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,28 @@ def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
     assert "rank 0: " in done.stderr and "rank 1: " in done.stderr
     assert str(run_dir / "logs" / "rank0.error") in done.stderr
     assert "dataset.max_length" in (run_dir / "logs" / "rank0.error").read_text()
+
+
+def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
+    overrides = ["strategy=ddp", *FAST_TRAIN, f"run.output_dir={tmp_path}"]
+    first = subprocess.run([sys.executable, "-m", "launcher", "train", *overrides],
+                           capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "FTL_STOP_AFTER_STEP": "4"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stopped before the last step" in first.stdout
+    first_dir = only_run_dir(tmp_path)
+    assert not (first_dir / "result.json").exists()
+
+    second = ftl("train", *overrides)
+    assert second.returncode == 0, second.stderr[-3000:]
+    second_dir = next(p for p in tmp_path.glob("*/*") if p != first_dir)
+    checkpoint = first_dir / "checkpoints" / "checkpoint-4"
+    assert (second_dir / "resume_from").read_text().strip() == str(checkpoint)
+    result = json.loads((second_dir / "result.json").read_text())
+    assert result["resumed_from"] == str(checkpoint) and result["global_step"] == 8
+
+    third = ftl("train", *overrides)  # the run finished: the same command trains anew
+    assert third.returncode == 0, third.stderr[-3000:]
+    third_dir = max(p for p in tmp_path.glob("*/*"))
+    assert not (third_dir / "resume_from").exists()
+    assert json.loads((third_dir / "result.json").read_text())["resumed_from"] is None
