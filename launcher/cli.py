@@ -11,8 +11,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from launcher.schema import RunConfig
 
 Verb = Callable[[argparse.Namespace], int]
 VERBS: dict[str, tuple[str, Verb]] = {}
@@ -65,11 +69,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     cfg = compose_config(args.overrides)
     validate(cfg)
+    tokens = counted_tokens(cfg) if args.count_tokens else None
     if args.json:
-        print(json.dumps(estimate_json(cfg), indent=2))
+        print(json.dumps(estimate_json(cfg, tokens=tokens), indent=2))
     else:
-        print(render_estimate_table(cfg).rstrip("\n"))
+        print(render_estimate_table(cfg, tokens=tokens).rstrip("\n"))
     return 0
+
+
+def counted_tokens(cfg: RunConfig) -> int | None:
+    """Tokens of the whole run counted from the data with the model's tokenizer (loads
+    transformers, so only on request). With train.max_steps set the step count rules."""
+    if cfg.train.max_steps > 0:
+        return None
+    from transformers import AutoTokenizer
+
+    from launcher.data import count_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)
+    return int(count_tokens(cfg, tokenizer) * cfg.train.epochs)
 
 
 @verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
@@ -124,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
         if name == "estimate":
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
+            verb_parser.add_argument(
+                "--count-tokens", action="store_true",
+                help="count the dataset's tokens with the model's tokenizer (slower)")
         if name == "submit":
             verb_parser.add_argument("--dry-run", action="store_true",
                                      help="write the run dir and print the job script only")

@@ -98,3 +98,13 @@ def test_train_reports_bad_data_with_config_problems_before_launch(tmp_path: Pat
     assert "precision=fp16" in done.stderr
     assert f"dataset.path={data}" in done.stderr and "'output'" in done.stderr
     assert not out.exists()
+
+
+def test_estimate_counts_the_bundled_tokens_on_request() -> None:
+    done = ftl("estimate", "--json", "--count-tokens")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["tokens"] == 3 * 88_344  # 3 epochs x tokens per epoch of data/arith
+    assert report["flops"] == 6 * report["params"] * report["tokens"]
+    without = json.loads(ftl("estimate", "--json").stdout)
+    assert without["tokens"] is None and without["flops"] is None
