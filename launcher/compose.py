@@ -128,18 +128,22 @@ def _key(override: str) -> str:
 def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
     """Make local file paths absolute (ranks may start elsewhere); hub ids stay as given."""
     model, dataset = run_config.model, run_config.dataset
-    model.path = _local_or_as_is(model.path, cwd)
-    model.tokenizer = _local_or_as_is(model.tokenizer, cwd)
-    dataset.path = _local_or_as_is(dataset.path, cwd)
-    dataset.eval_path = _local_or_as_is(dataset.eval_path, cwd)
+    model.path = local_or_as_is(model.path, cwd)
+    model.tokenizer = local_or_as_is(model.tokenizer, cwd)
+    dataset.path = local_or_as_is(dataset.path, cwd)
+    dataset.eval_path = local_or_as_is(dataset.eval_path, cwd)
     run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
     return run_config
 
 
-def _local_or_as_is(path: str, cwd: Path) -> str:
+def local_or_as_is(path: str, cwd: Path | None = None) -> str:
+    """An existing local path, looked up in `cwd` (default: the working directory) and then
+    the project root (where the bundled data/ and assets/ live), made absolute; anything
+    else (a hub id, a missing file) as given."""
+    path = os.path.expanduser(path)
     if not path or os.path.isabs(path):
         return path
-    for base in (cwd, PROJECT_ROOT):
+    for base in (cwd or Path.cwd(), PROJECT_ROOT):
         if (base / path).exists():
             return str((base / path).resolve())
     return path

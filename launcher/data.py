@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.compose import PROJECT_ROOT, local_or_as_is
 from launcher.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ ROLE_HEADERS: dict[str, str] = {
 }
 """ShareGPT roles (OpenAI's user/assistant accepted as aliases)."""
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 Segment = tuple[str, bool]
@@ -131,16 +131,6 @@ def _text(record: Mapping[str, Any], key: str, required: bool = True) -> str:
 # ---------------------------------------------------------------------------- loading
 
 
-def resolve_path(path: str) -> Path:
-    """A relative path is looked up in the working directory, then in the project root
-    (where the bundled data/ and assets/ live), so the defaults work from any directory."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute() or candidate.exists():
-        return candidate
-    bundled = PROJECT_ROOT / candidate
-    return bundled if bundled.exists() else candidate
-
-
 def load_records(path: str, fmt: str) -> Dataset:
     """Rows of a local .json/.jsonl/.csv/.parquet file, a local dataset directory or a hub
     dataset id (its train split), checked for the fields `fmt` needs."""
@@ -148,7 +138,7 @@ def load_records(path: str, fmt: str) -> Dataset:
         raise ConfigError(
             f"dataset.format={fmt!r} is not a format; use one of {', '.join(FORMATS)}"
         )
-    local = resolve_path(path)
+    local = Path(local_or_as_is(path))
     if local.is_file():
         records = _load_local(local)
         source = str(local)

@@ -14,7 +14,7 @@ from launcher.checkpoints import RESUME_FROM_FILE, latest_in_earlier_runs
 from launcher.command import Launch
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
-from launcher.planner import Plan, make_plan, plan_launch, run_dir_files
+from launcher.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
 from launcher.rundir import new_run_dir_path, write_run_dir
 from launcher.schema import RunConfig
 
@@ -127,12 +127,6 @@ def hub_reachable() -> bool:
     except OSError:
         return False
     return True
-
-
-def resolve_tool(argv: list[str]) -> list[str]:
-    """The venv's torchrun/deepspeed beside this Python, else whatever PATH has."""
-    tool = Path(sys.executable).parent / argv[0]
-    return [str(tool) if tool.exists() else argv[0], *argv[1:]]
 
 
 def run_local(plan: Plan, run_dir: Path, launch: Launch) -> int:

@@ -100,10 +100,15 @@ def plan_summary(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, 
     }
 
 
+def resolve_tool(argv: list[str]) -> list[str]:
+    """The torchrun/deepspeed beside this Python (the venv's), else whatever PATH has."""
+    tool = Path(sys.executable).parent / argv[0]
+    return [str(tool) if tool.exists() else argv[0], *argv[1:]]
+
+
 def launch_script(launch: Launch, overrides: list[str]) -> str:
     """launch.sh: the exact command, runnable by hand from any directory."""
-    tool = Path(sys.executable).parent / launch.argv[0]
-    argv = [str(tool) if tool.exists() else launch.argv[0], *launch.argv[1:]]
+    argv = resolve_tool(launch.argv)
     needs = [f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars]
     lines = [
         "#!/usr/bin/env bash",
