@@ -1,4 +1,4 @@
-"""Trainer callbacks the worker installs: metrics file, checkpoint marker, clean stop.
+"""Trainer callbacks the worker installs: launch record, metrics, checkpoint marker.
 
 Callbacks run on every rank; only rank 0 writes files, but every rank must reach the
 same barriers, so nothing here returns early before a collective.
@@ -7,7 +7,6 @@ same barriers, so nothing here returns early before a collective.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -15,14 +14,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from launcher.checkpoints import write_complete_marker
-
-# Test and operations knob: stop cleanly right after the checkpoint of this step is complete
-# (simulates a preemption at a known point, so a resumed run can be compared step by step).
-STOP_AFTER_STEP_ENV = "FTL_STOP_AFTER_STEP"
+from launcher.rundir import RunDir
 
 
 def barrier() -> None:
@@ -43,14 +38,33 @@ class MetricsCallback(TrainerCallback):
     it first, so TensorBoard records these with the loss. Rank 0 also appends the log to
     RUN_DIR/metrics.jsonl and prints a one-line progress report (the worker turns tqdm off:
     bars from several ranks, teed through the launcher, garble the console). At the end
-    each rank writes its own peak memory to RUN_DIR/metrics/rank<R>.json."""
+    each rank writes its own peak memory to RUN_DIR/metrics/rank<R>.json.
 
-    def __init__(self, run_dir: Path, flops_per_token: float,
-                 peak_flops_per_device: float | None) -> None:
+    Every launch (first start, requeue, `ftl train` again) is one line of launches.jsonl:
+    which checkpoint it resumed from and the step it started at, and each metrics line
+    names its launch, so a resume can never be mistaken for a restart from step 0.
+    FLOPs per token and the device peak come from plan.json."""
+
+    def __init__(self, run_dir: RunDir, flops_per_token: float,
+                 peak_flops_per_device: float | None, resumed_from: str | None) -> None:
         self.run_dir = run_dir
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops_per_device
+        self.resumed_from = resumed_from
+        self.launch = 0
         self._last: tuple[float, int] | None = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if not state.is_world_process_zero:
+            return
+        path = self.run_dir.launches
+        self.launch = len(path.read_text().splitlines()) if path.is_file() else 0
+        record = {"launch": self.launch, "time": time.time(), "world_size": args.world_size,
+                  "resumed_from": self.resumed_from, "start_step": state.global_step}
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
 
     def on_log(
         self,
@@ -66,8 +80,9 @@ class MetricsCallback(TrainerCallback):
         logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
         if not state.is_world_process_zero:
             return
-        record: dict[str, Any] = {"step": state.global_step, "time": time.time(), **logs}
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
+        record: dict[str, Any] = {"step": state.global_step, "launch": self.launch,
+                                  "time": time.time(), **logs}
+        with self.run_dir.metrics.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
         print(progress_line(record, state.max_steps), flush=True)
 
@@ -88,7 +103,7 @@ class MetricsCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        out = self.run_dir / "metrics"
+        out = self.run_dir.rank_metrics
         out.mkdir(exist_ok=True)
         record = {"rank": args.process_index, "peak_memory_mib": round(peak_memory_mib(), 1),
                   "tokens_seen": int(state.num_input_tokens_seen or 0)}
@@ -116,14 +131,7 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
 
 
 class CheckpointCallback(TrainerCallback):
-    """Marks a checkpoint COMPLETE once every rank has written its part.
-
-    With FTL_STOP_AFTER_STEP=N it also stops training right after step N's checkpoint is
-    complete, like a preemption at a known step (Slurm preemption: launcher/preempt.py).
-    """
-
-    def __init__(self, stop_after_step: int | None = None) -> None:
-        self.stop_after_step = stop_after_step
+    """Marks a checkpoint COMPLETE once every rank has written its part."""
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -133,48 +141,3 @@ class CheckpointCallback(TrainerCallback):
         if state.is_world_process_zero and checkpoint.is_dir():
             write_complete_marker(checkpoint, state.global_step, args.world_size)
         barrier()  # nobody resumes or reads the marker before it exists
-        if self.stop_after_step is not None and state.global_step >= self.stop_after_step:
-            control.should_training_stop = True
-
-
-def stop_after_step_from_env() -> int | None:
-    value = os.environ.get(STOP_AFTER_STEP_ENV, "")
-    return int(value) if value else None
-
-
-class ShardProbe(Dataset):
-    """Wraps the train dataset and records which sample indices this rank loads.
-
-    Evidence that data is sharded: with 2 ranks the index sets are disjoint and each rank
-    sees about half the samples. Only the first `limit` indices are kept.
-    """
-
-    def __init__(self, dataset: Any, limit: int = 100_000) -> None:
-        self.dataset = dataset
-        self.limit = limit
-        self.seen: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        if len(self.seen) < self.limit:
-            self.seen.append(int(index))
-        return self.dataset[index]
-
-
-class DataloaderProbe(TrainerCallback):
-    """Records this rank's number of train batches per epoch (sharded: N / (micro x world))."""
-
-    def __init__(self) -> None:
-        self.batches_per_epoch: int | None = None
-
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        loader = kw.get("train_dataloader")
-        if loader is not None:
-            try:
-                self.batches_per_epoch = len(loader)
-            except TypeError:  # an iterable dataset has no length
-                self.batches_per_epoch = None

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import ConfigError
+from launcher.rundir import RunDir
 
 COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -68,23 +68,6 @@ def checkpoint_world_size(checkpoint: Path) -> int | None:
         return None
 
 
-def check_resume_world_size(checkpoint: Path, world_size: int, backend: str) -> None:
-    """DeepSpeed ZeRO checkpoints hold one optimizer partition per rank and refuse to load
-    on another world size; say so before the engine fails deep inside."""
-    written_by = checkpoint_world_size(checkpoint)
-    if backend != "deepspeed" or written_by is None or written_by == world_size:
-        return
-    raise ConfigError(
-        f"run.resume: {checkpoint} was written by {written_by} ranks, this run has "
-        f"{world_size}; DeepSpeed cannot load ZeRO partitions on another world size. Fix: "
-        f"run with {written_by} ranks (cluster.nodes x cluster.gpus_per_node), or "
-        "run.resume=never, or convert the checkpoint with DeepSpeed's ds_to_universal."
-    )
-
-
-RESUME_FROM_FILE = "resume_from"
-
-
 def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path | None:
     """The newest complete checkpoint of earlier, unfinished launches of a run name
     (outputs/<run.name>/<timestamp>/checkpoints): what run.resume=auto continues from when
@@ -94,50 +77,27 @@ def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path 
     if not run_root.is_dir():
         return None
     runs = sorted((p for p in run_root.iterdir() if p.is_dir() and p != exclude), reverse=True)
-    for run in runs:
-        if (run / "result.json").exists():
+    for run in (RunDir(path) for path in runs):
+        if run.result.exists():
             return None
-        found = latest_complete_checkpoint(run / "checkpoints")
+        found = latest_complete_checkpoint(run.checkpoints)
         if found is not None:
             return found
     return None
 
 
-def resume_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    """What the worker loads: resolve_resume on this run dir's own checkpoints; for auto
-    without one, the earlier launch's checkpoint the launcher recorded in RUN_DIR/resume_from
-    (own checkpoints come first, so a requeued job continues from its newest state)."""
-    own = resolve_resume(resume, run_dir / "checkpoints")
-    recorded = run_dir / RESUME_FROM_FILE
-    if own is not None or resume != "auto" or not recorded.is_file():
-        return own
-    earlier = Path(recorded.read_text().strip())
-    return earlier if is_complete(earlier) else None
-
-
-def resolve_resume(resume: str, checkpoints_dir: Path) -> Path | None:
-    """`run.resume` -> the checkpoint to load, or None for a fresh start.
-
-    never: fresh. auto: the latest complete checkpoint of this run, else fresh.
-    A path: that checkpoint, which must exist and be complete.
-    """
+def resume_checkpoint(resume: str, run_dir: RunDir) -> Path | None:
+    """What a rank loads. Its own run dir's newest complete checkpoint comes first (a
+    requeued job continues from its newest state); else the checkpoint the launcher chose
+    and validated (RUN_DIR/resume_from: run.resume=PATH, or an earlier launch's with auto);
+    run.resume=never starts fresh."""
     if resume == "never":
         return None
-    if resume == "auto":
-        return latest_complete_checkpoint(checkpoints_dir)
-    path = Path(resume).expanduser()
-    if not path.is_dir():
-        raise ConfigError(
-            f"run.resume={resume}: no such checkpoint directory. "
-            "Fix: give a checkpoint-N directory of a run, or run.resume=auto / never."
-        )
-    if not is_complete(path):
-        raise ConfigError(
-            f"run.resume={resume}: this checkpoint has no {COMPLETE_MARKER} marker, so its "
-            "save may not have finished (e.g. a crash mid-save). Fix: pick an earlier "
-            "checkpoint of the run, or run.resume=auto to take the latest complete one."
-        )
-    return path
+    own = latest_complete_checkpoint(run_dir.checkpoints)
+    if own is not None or not run_dir.resume_from.is_file():
+        return own
+    recorded = Path(run_dir.resume_from.read_text().strip())
+    return recorded if is_complete(recorded) else None
 
 
 # --- the final model ---------------------------------------------------------------------

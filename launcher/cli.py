@@ -32,21 +32,20 @@ def verb(name: str, help_text: str) -> Callable[[Verb], Verb]:
 
 @verb("plan", "write the run dir and print config, estimate, settings and command; no launch")
 def cmd_plan(args: argparse.Namespace) -> int:
-    from launcher import launch
-
-    plan, run_dir, launch_spec = launch.prepare(args.overrides, launching_locally=False)
+    from launcher.launch import prepare
     from launcher.planner import render_plan
 
-    print(render_plan(plan, launch_spec, run_dir), end="")
+    prepared = prepare(args.overrides, "plan")
+    print(render_plan(prepared.plan, prepared.launch, prepared.run_dir), end="")
     return 0
 
 
 @verb("ds-config", "print (or write with -o FILE) the DeepSpeed config for the overrides")
 def cmd_ds_config(args: argparse.Namespace) -> int:
-    from launcher.compose import compose_config
+    from launcher.launch import check
     from launcher.planner import make_plan
 
-    plan = make_plan(compose_config(args.overrides))
+    plan = make_plan(check(args.overrides, "plan"))
     if plan.ds_config is None:
         raise ConfigError(
             f"strategy={plan.cfg.strategy.name}: not a DeepSpeed strategy, so there is no "
@@ -63,17 +62,21 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
 
 @verb("estimate", "per-strategy memory, fit and time table for the chosen model and cluster")
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from launcher.compose import compose_config
-    from launcher.estimate import estimate_json, render_estimate_table
-    from launcher.validate import validate
+    from launcher.auto import chosen_strategy
+    from launcher.estimate import estimate
+    from launcher.estimate_table import estimate_json, render_estimate_table
+    from launcher.launch import check
 
-    cfg = compose_config(args.overrides)
-    validate(cfg)
+    checked = check(args.overrides, "estimate")
+    cfg, est = checked.cfg, checked.estimate
     tokens = counted_tokens(cfg) if args.count_tokens else None
+    if tokens is not None or est is None:
+        est = estimate(cfg, tokens=tokens)
+    chosen = chosen_strategy(cfg, est)
     if args.json:
-        print(json.dumps(estimate_json(cfg, tokens=tokens), indent=2))
+        print(json.dumps(estimate_json(est, chosen), indent=2))
     else:
-        print(render_estimate_table(cfg, tokens=tokens).rstrip("\n"))
+        print(render_estimate_table(cfg, est, chosen).rstrip("\n"))
     return 0
 
 
@@ -92,10 +95,9 @@ def counted_tokens(cfg: RunConfig) -> int | None:
 
 @verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
 def cmd_train(args: argparse.Namespace) -> int:
-    from launcher import launch
+    from launcher.launch import prepare, run_local
 
-    plan, run_dir, launch_spec = launch.prepare(args.overrides, launching_locally=True)
-    return launch.run_local(plan, run_dir, launch_spec)
+    return run_local(prepare(args.overrides, "train"))
 
 
 @verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement")
@@ -108,21 +110,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@verb("submit", "write the run dir and job script and submit it with sbatch (--dry-run: print it)")
+@verb("submit", "write the run dir and job script and submit it (--dry-run: print it)")
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.submit import submit
 
     return submit(args.overrides, dry_run=args.dry_run, multirun=args.multirun)
 
 
-@verb("status", "state of a Slurm job and its run: ftl status RUN_DIR|JOBID")
+@verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID")
 def cmd_status(args: argparse.Namespace) -> int:
     from launcher.submit import status
 
     return status(args.target)
 
 
-@verb("cancel", "cancel a Slurm job: ftl cancel RUN_DIR|JOBID")
+@verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID")
 def cmd_cancel(args: argparse.Namespace) -> int:
     from launcher.submit import cancel
 
@@ -154,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
             verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
             continue
         if name in ("status", "cancel"):
-            verb_parser.add_argument("target", help="a run dir or a Slurm job id")
+            verb_parser.add_argument("target", help="a run dir or a job id")
             continue
         verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     return parser

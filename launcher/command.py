@@ -11,8 +11,8 @@ Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
 | torchrun  | 1     | `--standalone` (rendezvous on a free local port)             | no       |
 | torchrun  | >1    | c10d rendezvous at HEAD:cluster.master_port                  | yes      |
 | deepspeed | 1     | `--num_gpus N` on localhost                                  | no       |
-| deepspeed | >1    | cluster=slurm (or node_rank given): `--no_ssh --node_rank R` | yes      |
-| deepspeed | >1    | cluster=local: `--hostfile` + pdsh/ssh from this machine     | no       |
+| deepspeed | >1    | a scheduler (or node_rank given): `--no_ssh --node_rank R`   | yes      |
+| deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
 
 Per-node forms are started once on every node. Where the head node or the node rank is
 not known when the command is built (a Slurm job learns them at run time), the argv holds
@@ -37,7 +37,6 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.errors import ConfigError
 from launcher.hardware import GPU_PRESETS
 from launcher.schema import RunConfig
 
@@ -85,13 +84,10 @@ def build_launch(
         if cluster.nodes == 1:
             return _deepspeed_single(cfg, run_dir)
         hostfile_path = hostfile_path or posixpath.join(run_dir, "hostfile")
-        if cluster.name == "slurm" or node_rank is not None:
+        if cluster.scheduler != "none" or node_rank is not None:
             return _deepspeed_no_ssh(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
         return _deepspeed_ssh(cfg, run_dir, head_node, hostfile_path, hosts)
-    raise ConfigError(
-        f"cluster.launcher={cluster.launcher}: unknown launcher. "
-        "Fix: cluster.launcher=torchrun or cluster.launcher=deepspeed."
-    )
+    raise ValueError(f"cluster.launcher={cluster.launcher}: rules.py admits no such launcher")
 
 
 def _torchrun_single(cfg: RunConfig, run_dir: str) -> Launch:
@@ -182,11 +178,8 @@ def _deepspeed_ssh(
     elif hosts:
         hostfile = hostfile_text(list(hosts), cluster.gpus_per_node)
     else:
-        raise ConfigError(
-            f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
-            f"cluster={cluster.name}: deepspeed needs a hostfile naming the nodes. "
-            "Fix: cluster.hostfile=PATH (lines like `worker-1 slots=8`), or cluster=slurm."
-        )
+        raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
+                         "(rules.py checks it)")
     head = head_node or (hosts[0] if hosts else None)
     # Without --master_addr deepspeed asks the first host for `hostname -I` over ssh.
     master_addr = ["--master_addr", head] if head else []

@@ -25,27 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.errors import ConfigError
 from launcher.hardware import gpu_preset
 from launcher.schema import RunConfig
 
 
 def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
     """`TrainingArguments(**build_fsdp_settings(cfg), ...)` keyword arguments for FSDP2."""
-    strategy = cfg.strategy
-    if strategy.backend != "fsdp":
-        raise ConfigError(
-            f"strategy={strategy.name}: FSDP settings need strategy.backend=fsdp, "
-            f"got '{strategy.backend}'. Fix: use strategy=fsdp or strategy=fsdp_offload."
-        )
-    if strategy.offload_param != strategy.offload_optimizer:
-        # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together.
-        raise ConfigError(
-            f"strategy.offload_param={_yaml(strategy.offload_param)} and "
-            f"strategy.offload_optimizer={_yaml(strategy.offload_optimizer)}: FSDP offloads "
-            "parameters and optimizer state together. Fix: set both to the same value "
-            "(strategy=fsdp_offload sets both true)."
-        )
+    strategy = cfg.strategy  # validation checked backend and offload settings (rules.py)
     full_state = strategy.gather_weights_on_save
     return {
         "fsdp": True,
@@ -88,7 +74,3 @@ def fsdp_plugin_overrides(cfg: RunConfig) -> dict[str, Any]:
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     return {"cpu_offload": CPUOffloadPolicy(pin_memory=False)}
-
-
-def _yaml(value: bool) -> str:
-    return "true" if value else "false"

@@ -1,5 +1,5 @@
-"""The plan: a validated RunConfig with strategy=auto resolved, its cost estimate, the
-DeepSpeed or FSDP settings, and the text of every run-dir file. Pure: no I/O."""
+"""The plan: a validated RunConfig (strategy=auto resolved), its cost, the DeepSpeed or
+FSDP settings, and the text of every run-dir file. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from launcher import rundir
 from launcher.command import Launch, build_launch, render_argv, render_command
-from launcher.ds_config import build_ds_config, check_ds_config
+from launcher.ds_config import build_ds_config
 from launcher.fsdp import build_fsdp_settings
 from launcher.schema import RunConfig
-from launcher.validate import validate
+from launcher.validate import Checked
 
 
 @dataclass
@@ -26,40 +27,43 @@ class Plan:
     estimate: dict[str, Any] | None = None
     ds_config: dict[str, Any] | None = None
     fsdp_settings: dict[str, Any] | None = None
+    resume_from: Path | None = None
+    flops_per_token: float = 0.0
+    peak_flops_per_device: float | None = None
 
 
-def make_plan(cfg: RunConfig, *, launching_locally: bool = False) -> Plan:
-    """Validate, resolve strategy=auto, estimate, and build the strategy's settings."""
-    validate(cfg, launching_locally=False)
-    reasons: list[str] = []
-    if cfg.strategy.backend == "auto":
-        from launcher.auto import choose_strategy, resolve_auto
+def make_plan(checked: Checked) -> Plan:
+    """What validation produced, turned into the strategy's settings and the cost figures."""
+    from launcher.flops import flops_per_token, peak_flops_per_device
 
-        _, reasons = choose_strategy(cfg)
-        cfg = resolve_auto(cfg)
-    if launching_locally:
-        validate(cfg, launching_locally=True)
-    plan = Plan(cfg=cfg, strategy_reasons=reasons, estimate=_chosen_estimate(cfg))
+    cfg = checked.cfg
+    plan = Plan(
+        cfg=cfg,
+        strategy_reasons=checked.strategy_reasons,
+        estimate=_chosen_estimate(checked),
+        resume_from=checked.resume_from,
+        flops_per_token=flops_per_token(cfg),
+        peak_flops_per_device=peak_flops_per_device(cfg),
+    )
     if cfg.strategy.backend == "deepspeed":
         plan.ds_config = build_ds_config(cfg)
-        check_ds_config(plan.ds_config)
     elif cfg.strategy.backend == "fsdp":
         plan.fsdp_settings = build_fsdp_settings(cfg)
     return plan
 
 
-def _chosen_estimate(cfg: RunConfig) -> dict[str, Any] | None:
-    from launcher.estimate import estimate_json
+def _chosen_estimate(checked: Checked) -> dict[str, Any] | None:
+    from dataclasses import asdict
 
-    report = estimate_json(cfg)
-    rows = [row for row in report["strategies"] if row["strategy"] == cfg.strategy.name]
-    if not rows:
+    est = checked.estimate
+    row = est.row(checked.cfg.strategy.name) if est is not None else None
+    if est is None or row is None:
         return None
-    return {**rows[0], "params": report.get("params"), "flops": report.get("flops")}
+    return {**asdict(row), "params": est.params, "flops": est.flops}
 
 
 def plan_launch(plan: Plan, run_dir: Path) -> Launch:
-    hostfile = str(run_dir / "hostfile") if _needs_hostfile(plan.cfg) else None
+    hostfile = str(run_dir / rundir.HOSTFILE) if _needs_hostfile(plan.cfg) else None
     return build_launch(plan.cfg, str(run_dir), hostfile_path=hostfile)
 
 
@@ -70,16 +74,18 @@ def _needs_hostfile(cfg: RunConfig) -> bool:
 def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:
     """Every file of the run dir, as text (the worker reads config.yaml and the settings)."""
     files = {
-        "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
-        "plan.json": _dump(plan_summary(plan, launch, overrides)),
-        "launch.sh": launch_script(launch, overrides),
+        rundir.CONFIG: OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
+        rundir.PLAN: _dump(plan_summary(plan, launch, overrides)),
+        rundir.LAUNCH_SCRIPT: launch_script(launch, overrides),
     }
     if plan.ds_config is not None:
-        files["ds_config.json"] = _dump(plan.ds_config)
+        files[rundir.DS_CONFIG] = _dump(plan.ds_config)
     if plan.fsdp_settings is not None:
-        files["fsdp.json"] = _dump(plan.fsdp_settings)
+        files[rundir.FSDP] = _dump(plan.fsdp_settings)
     if launch.hostfile is not None:
-        files["hostfile"] = launch.hostfile
+        files[rundir.HOSTFILE] = launch.hostfile
+    if plan.resume_from is not None:
+        files[rundir.RESUME_FROM] = f"{plan.resume_from}\n"
     return files
 
 
@@ -95,6 +101,9 @@ def plan_summary(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, 
         "gpu": cfg.cluster.gpu,
         "precision": cfg.precision.name,
         "estimate": plan.estimate,
+        "flops_per_token": plan.flops_per_token,
+        "peak_flops_per_device": plan.peak_flops_per_device,
+        "resume_from": str(plan.resume_from) if plan.resume_from else None,
         "command": launch.argv,
         "env": launch.env,
     }

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.slurm import PREEMPT_REQUESTED, PREEMPTED
+from launcher.rundir import RunDir
 
 
 class PreemptCallback(TrainerCallback):
@@ -31,8 +30,8 @@ class PreemptCallback(TrainerCallback):
     state to resume from; the requeued job finishes the run).
     """
 
-    def __init__(self, run_dir: str | Path) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
         self.preempted = False
 
     def on_step_end(
@@ -49,7 +48,7 @@ class PreemptCallback(TrainerCallback):
         control.should_training_stop = True
         if state.is_world_process_zero:
             record = {"step": state.global_step, "time": time.time()}
-            (self.run_dir / PREEMPTED).write_text(json.dumps(record) + "\n")
+            self.run_dir.preempted.write_text(json.dumps(record) + "\n")
             print(
                 f"[ftl] preemption requested: saving checkpoint-{state.global_step} and "
                 "stopping; the requeued job resumes from it",
@@ -57,7 +56,7 @@ class PreemptCallback(TrainerCallback):
             )
 
     def requested(self) -> bool:
-        return (self.run_dir / PREEMPT_REQUESTED).exists()
+        return self.run_dir.preempt_requested.exists()
 
 
 def agreed(flag: bool) -> bool:

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
+from launcher.rundir import RunDir
 
 GIB = 1024**3
 
 
 def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         raise DataError(
             f"{run_dir}: no metrics.jsonl. Fix: pass the run dir of a run that has started "
@@ -54,9 +55,9 @@ def draw_png(history: list[dict[str, Any]], out: Path, title: str) -> Path:
 
 
 def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
-    plan = _read_json(run_dir / "plan.json")
+    plan = _read_json(RunDir(run_dir).plan)
     estimate = plan.get("estimate") or {}
-    ranks = [_read_json(p) for p in sorted((run_dir / "metrics").glob("rank*.json"))]
+    ranks = [_read_json(p) for p in sorted(RunDir(run_dir).rank_metrics.glob("rank*.json"))]
     losses = series(history, "loss")[1]
     evals = series(history, "eval_loss")[1]
     lines = [f"run dir: {run_dir}", f"strategy: {plan.get('strategy')}  "
@@ -99,19 +100,17 @@ def _time_lines(run_dir: Path, history: list[dict[str, Any]]) -> list[str]:
 
 
 def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
+    """The estimator's time for the tokens the run saw (same rules as `ftl estimate`)."""
+    config = RunDir(run_dir).config
+    if not config.is_file():
+        return None
     from omegaconf import OmegaConf
 
     from launcher.compose import to_run_config
-    from launcher.estimate import count_params, peak_flops, training_flops, training_seconds
-    from launcher.hardware import gpu_preset
+    from launcher.flops import run_flops, run_seconds
 
-    if not (run_dir / "config.yaml").is_file():
-        return None
-    cfg = to_run_config(OmegaConf.load(run_dir / "config.yaml"))
-    flops = training_flops(count_params(cfg.model), tokens, cfg.train.gradient_checkpointing,
-                           frozen_base=cfg.peft.name != "none")
-    peak = peak_flops(gpu_preset(cfg.cluster.gpu), cfg.precision.name)
-    return training_seconds(flops, cfg.world_size, peak, cfg.train.mfu)
+    cfg = to_run_config(OmegaConf.load(config))
+    return run_seconds(cfg, run_flops(cfg, tokens))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Cross-field rules live in validate.py; this module only says what exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -78,12 +79,34 @@ class StrategyConfig:
     gather_weights_on_save: bool = True
     """ZeRO-3 / FSDP: write one consolidated model at save time."""
     fsdp_reshard_after_forward: bool = True
+    auto_rank: int = -1
+    """Place in strategy=auto's ladder, fastest first; -1: never picked by auto."""
+
+
+@dataclass
+class SlurmConfig:
+    """Slurm's own settings (`cluster.slurm.*`), read only by launcher/slurm.py."""
+
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time: str = "04:00:00"
+    """Time limit: MINUTES, HH:MM:SS or D-HH:MM:SS."""
+    cpus_per_task: int = 0
+    mem: str = ""
+    signal_grace_s: int = 120
+    """USR1 this many seconds before the time limit: the ranks checkpoint and requeue."""
+    max_restarts: int = 3
+    sbatch_extra: list[str] = field(default_factory=list)
+    """Extra sbatch options, each as typed after `sbatch`, e.g. '--constraint=a100'."""
 
 
 @dataclass
 class ClusterConfig:
     name: str = MISSING
-    """local or slurm."""
+    """Preset name (configs/cluster/<name>.yaml), e.g. local or slurm."""
+    scheduler: str = "none"
+    """none: `ftl train` starts the ranks here; slurm: `ftl submit` sends a batch job."""
     nodes: int = 1
     gpus_per_node: int = 1
     """GPUs per node; on gpu=cpu, processes per node."""
@@ -93,20 +116,12 @@ class ClusterConfig:
     """torchrun or deepspeed."""
     master_port: int = 29500
     hostfile: str = ""
-    """deepspeed multi-node on cluster=local: hostfile listing the nodes."""
+    """deepspeed multi-node without a scheduler: hostfile listing the nodes."""
     host_memory_gib: float = 0.0
     """CPU RAM per node for offload; 0: unknown (not checked)."""
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    time: str = "04:00:00"
-    cpus_per_task: int = 0
-    mem: str = ""
-    signal_grace_s: int = 120
-    max_restarts: int = 3
-    sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
-    """Shell lines run before the launcher in a job, e.g. `module load cuda`."""
+    """Shell lines a batch job runs before the launcher, e.g. `module load cuda`."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass
@@ -134,6 +149,11 @@ class TrainConfig:
     adam_epsilon: float = 1e-8
     mfu: float = 0.4
     """Model FLOPs utilisation assumed by the time estimate."""
+    eval_on_start: bool = False
+    """Evaluate before the first step (never on a launch that resumes)."""
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
+    (e.g. the probes the integration tests inject)."""
 
 
 @dataclass
@@ -147,7 +167,7 @@ class PeftConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
     bits: int = 16
-    """Base weights: 16 (lora) or 4 (qlora, NF4)."""
+    """Base weights: 16 (lora) or 4 (qlora, NF4); 8-bit bases are refused."""
 
 
 @dataclass

@@ -1,17 +1,19 @@
-"""Slurm: the sbatch script (pure text) and the only sbatch / scontrol / scancel calls.
+"""Slurm, the first `Scheduler` (launcher/scheduler.py): the sbatch script (pure text),
+its rules, and the only sbatch / scontrol / scancel calls. Its settings: `cluster.slurm.*`.
 
 The job script, top to bottom: #SBATCH options -> a USR1 trap -> cluster.setup lines ->
 launcher environment -> head node from the allocation -> one srun task per node, each
 starting torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node,
 run as `srun ... & wait` so the trap can run while training -> requeue decision.
 
-Preemption and time limits (measured, ../shared/STACK-NOTES.md): `--signal=B:USR1@grace`
+Preemption and time limits (measured, docs/stack-notes.md): `--signal=B:USR1@grace`
 reaches only the batch shell, and bash runs a trap only when its foreground child exits,
 hence `& wait`. The trap does not signal the ranks: it touches RUN_DIR/preempt.requested,
 which every rank polls at each step end (launcher/preempt.py), whatever launcher sits
 between srun and the ranks. The ranks then agree, save a complete checkpoint, stop, and
 rank 0 writes RUN_DIR/preempted. The script requeues (`scontrol requeue`, same job id) only
-when the signal came, the run did not finish, and SLURM_RESTART_COUNT < cluster.max_restarts;
+when the signal came, the run did not finish, and SLURM_RESTART_COUNT <
+cluster.slurm.max_restarts;
 the rerun uses the same run dir, so the worker resumes from the latest complete checkpoint.
 
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
@@ -40,17 +42,11 @@ from launcher.command import (
 )
 from launcher.errors import ConfigError
 from launcher.hardware import GPU_PRESETS
+from launcher.rundir import LOGS, PREEMPT_REQUESTED, PREEMPTED, RESULT
+from launcher.scheduler import JobInfo
 from launcher.schema import RunConfig
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
-SBATCH_FILE = "job.sbatch"
-JOB_ID_FILE = "job_id"
-PREEMPT_REQUESTED = "preempt.requested"
-"""Touched by the job's USR1 trap; the ranks poll it (launcher/preempt.py)."""
-PREEMPTED = "preempted"
-"""Written by rank 0 when the ranks stopped for a preemption (checkpoint saved)."""
-RESULT_FILE = "result.json"
-"""Written by the worker (rank 0) when the run finished."""
 
 SLURM_SIGNAL_MAX_S = 65535
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -66,36 +62,33 @@ _MEM = re.compile(r"^\d+[KMGT]?$")
 def slurm_problems(cfg: RunConfig) -> list[str]:
     """Rules for a batch job, each naming the key, the value and the fix."""
     cluster, problems = cfg.cluster, []
-    if cluster.name != "slurm":
+    slurm = cluster.slurm
+    if not (_TIME.match(cluster.slurm.time) or cluster.slurm.time.upper() in _UNLIMITED):
         problems.append(
-            f"cluster={cluster.name}: `ftl submit` sends a Slurm batch job. "
-            "Fix: cluster=slurm (or `ftl train` to run on this machine)."
+            f"cluster.slurm.time={cluster.slurm.time}: not a Slurm time limit. "
+            "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.slurm.time=04:00:00."
         )
-    if not (_TIME.match(cluster.time) or cluster.time.upper() in _UNLIMITED):
+    elif not 0 < slurm.signal_grace_s < min(time_seconds(slurm.time), SLURM_SIGNAL_MAX_S):
         problems.append(
-            f"cluster.time={cluster.time}: not a Slurm time limit. "
-            "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.time=04:00:00."
+            f"cluster.slurm.signal_grace_s={slurm.signal_grace_s}: the warning before the "
+            f"time limit must be between 1 s and the job's time (cluster.slurm.time="
+            f"{slurm.time}) and at most {SLURM_SIGNAL_MAX_S} s. "
+            "Fix: e.g. cluster.slurm.signal_grace_s=120."
         )
-    elif not 0 < cluster.signal_grace_s < min(time_seconds(cluster.time), SLURM_SIGNAL_MAX_S):
+    if cluster.slurm.max_restarts < 0:
         problems.append(
-            f"cluster.signal_grace_s={cluster.signal_grace_s}: the warning before the time "
-            f"limit must be between 1 s and the job's time (cluster.time={cluster.time}) and "
-            f"at most {SLURM_SIGNAL_MAX_S} s. Fix: e.g. cluster.signal_grace_s=120."
+            f"cluster.slurm.max_restarts={cluster.slurm.max_restarts}: must be 0 or more. "
+            "Fix: cluster.slurm.max_restarts=3 (0: never requeue)."
         )
-    if cluster.max_restarts < 0:
+    if cluster.slurm.cpus_per_task < 0:
         problems.append(
-            f"cluster.max_restarts={cluster.max_restarts}: must be 0 or more. "
-            "Fix: cluster.max_restarts=3 (0: never requeue)."
+            f"cluster.slurm.cpus_per_task={slurm.cpus_per_task}: must be 0 (Slurm's default) "
+            "or more. Fix: e.g. cluster.slurm.cpus_per_task=32."
         )
-    if cluster.cpus_per_task < 0:
+    if cluster.slurm.mem and not _MEM.match(cluster.slurm.mem):
         problems.append(
-            f"cluster.cpus_per_task={cluster.cpus_per_task}: must be 0 (Slurm's default) or "
-            "more. Fix: e.g. cluster.cpus_per_task=32."
-        )
-    if cluster.mem and not _MEM.match(cluster.mem):
-        problems.append(
-            f"cluster.mem={cluster.mem}: not a Slurm memory size. Fix: e.g. cluster.mem=500G, "
-            "or cluster.mem=0 for all of a node's memory."
+            f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
+            "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."
         )
     return problems + _text_problems(cfg)
 
@@ -104,9 +97,11 @@ def _text_problems(cfg: RunConfig) -> list[str]:
     cluster, problems = cfg.cluster, []
     values = {
         "run.name": cfg.run.name, "run.output_dir": cfg.run.output_dir,
-        "cluster.partition": cluster.partition, "cluster.account": cluster.account,
-        "cluster.qos": cluster.qos,
-        **{f"cluster.sbatch_extra[{i}]": v for i, v in enumerate(cluster.sbatch_extra)},
+        "cluster.slurm.partition": cluster.slurm.partition,
+        "cluster.slurm.account": cluster.slurm.account,
+        "cluster.slurm.qos": cluster.slurm.qos,
+        **{f"cluster.slurm.sbatch_extra[{i}]": v
+           for i, v in enumerate(cluster.slurm.sbatch_extra)},
         **{f"cluster.setup[{i}]": v for i, v in enumerate(cluster.setup)},
     }
     for key, value in values.items():
@@ -115,7 +110,7 @@ def _text_problems(cfg: RunConfig) -> list[str]:
                 f"{key}={value!r}: contains a control character (newline, tab, ...), which "
                 "would break the job script. Fix: remove it (one cluster.setup item per line)."
             )
-    for index, extra in enumerate(cluster.sbatch_extra):
+    for index, extra in enumerate(cluster.slurm.sbatch_extra):
         try:
             tokens = shlex.split(extra)
         except ValueError as error:
@@ -124,7 +119,7 @@ def _text_problems(cfg: RunConfig) -> list[str]:
             reason = "an sbatch option must start with -"
         if not tokens or not tokens[0].startswith("-"):
             problems.append(
-                f"cluster.sbatch_extra[{index}]={extra!r}: {reason}. "
+                f"cluster.slurm.sbatch_extra[{index}]={extra!r}: {reason}. "
                 "Fix: an option as typed after `sbatch`, e.g. '--constraint=a100'."
             )
     return problems
@@ -164,7 +159,7 @@ def log_paths(run_dir: str | Path, escape: bool = False) -> tuple[str, str]:
     escape: for the #SBATCH line, where sbatch expands %j, %x, ...: a literal % in the run
     dir must be %%.
     """
-    logs = str(Path(run_dir) / "logs")
+    logs = str(Path(run_dir) / LOGS)
     if escape:
         logs = logs.replace("%", "%%")
     return f"{logs}/slurm-%j.out", f"{logs}/slurm-%j.err"
@@ -176,34 +171,34 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     out, err = log_paths(run_dir, escape=True)
     pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
     for flag, value in (
-        ("--partition", cluster.partition),
-        ("--account", cluster.account),
-        ("--qos", cluster.qos),
+        ("--partition", cluster.slurm.partition),
+        ("--account", cluster.slurm.account),
+        ("--qos", cluster.slurm.qos),
     ):
         if value:
             pairs.append((flag, value))
     pairs += [
-        ("--time", cluster.time),
+        ("--time", cluster.slurm.time),
         ("--nodes", str(cluster.nodes)),
         ("--ntasks-per-node", "1"),  # one launcher per node; it starts the node's ranks
     ]
     preset = GPU_PRESETS.get(cluster.gpu)
     if preset is not None and not preset.is_cpu:
         pairs.append(("--gpus-per-node", str(cluster.gpus_per_node)))
-    if cluster.cpus_per_task:
-        pairs.append(("--cpus-per-task", str(cluster.cpus_per_task)))
-    if cluster.mem:
-        pairs.append(("--mem", cluster.mem))
+    if cluster.slurm.cpus_per_task:
+        pairs.append(("--cpus-per-task", str(cluster.slurm.cpus_per_task)))
+    if cluster.slurm.mem:
+        pairs.append(("--mem", cluster.slurm.mem))
     pairs += [
         ("--output", out),
         ("--error", err),
         ("--open-mode", "append"),  # a requeued job keeps its earlier output
         ("--requeue", None),
-        ("--signal", f"B:USR1@{cluster.signal_grace_s}"),
+        ("--signal", f"B:USR1@{cluster.slurm.signal_grace_s}"),
     ]
     lines = [f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={sbatch_quote(value)}"
              for flag, value in pairs]
-    for extra in cluster.sbatch_extra:
+    for extra in cluster.slurm.sbatch_extra:
         lines.append("#SBATCH " + " ".join(sbatch_quote(token) for token in shlex.split(extra)))
     return lines
 
@@ -231,7 +226,6 @@ def render_sbatch(
         "set -uo pipefail",
         f"export {RUN_DIR_VAR}={q(run_dir)}",
         f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
-        'echo "$SLURM_JOB_ID" > "$FTL_RUN_DIR"/' + JOB_ID_FILE,
         *_trap_lines(),
     ]
     if tool_dir is not None:
@@ -287,9 +281,9 @@ def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
     nodes = cfg.cluster.nodes
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1"]
-    if cfg.cluster.cpus_per_task:
+    if cfg.cluster.slurm.cpus_per_task:
         # Slurm 22.05 steps do not inherit the job's --cpus-per-task.
-        srun.append(f"--cpus-per-task={cfg.cluster.cpus_per_task}")
+        srun.append(f"--cpus-per-task={cfg.cluster.slurm.cpus_per_task}")
     shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
     argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
     per_node = (
@@ -319,9 +313,9 @@ def _run_dir_var(arg: str, run_dir: str) -> str:
 
 
 def _finish_lines(cfg: RunConfig) -> list[str]:
-    max_restarts = cfg.cluster.max_restarts
+    max_restarts = cfg.cluster.slurm.max_restarts
     return [
-        f'if [ -e "$FTL_RUN_DIR"/{RESULT_FILE} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
+        f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
         '    echo "ftl: run finished (step exit code $rc)"',
         '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
         "    exit 0",
@@ -334,7 +328,7 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
         '        echo "ftl: scontrol requeue failed"',
         "    else",
-        f'        echo "ftl: not requeueing: cluster.max_restarts={max_restarts} reached"',
+        f'        echo "ftl: not requeueing: cluster.slurm.max_restarts={max_restarts} reached"',
         "    fi",
         "fi",
         '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
@@ -362,7 +356,7 @@ def sbatch(script: Path) -> str:
     if done.returncode != 0:
         raise ConfigError(
             f"sbatch refused {script}: {done.stderr.strip() or done.stdout.strip()}. "
-            "Fix: check cluster.partition / cluster.account / cluster.qos / cluster.time."
+            "Fix: check cluster.slurm.partition / account / qos / time."
         )
     return done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
 
@@ -390,3 +384,39 @@ def scancel(job_id: str, signal: str | None = None, batch_only: bool = False) ->
     done = _run([*argv, job_id])
     if done.returncode != 0:
         raise ConfigError(f"scancel {job_id}: {done.stderr.strip()}")
+
+
+class SlurmScheduler:
+    """launcher.scheduler.Scheduler for Slurm."""
+
+    name = "slurm"
+
+    def problems(self, cfg: RunConfig) -> list[str]:
+        return slurm_problems(cfg)
+
+    def render(
+        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
+    ) -> str:
+        return render_sbatch(cfg, run_dir, launch, tool_dir=tool_dir)
+
+    def submit(self, script: Path) -> str:
+        return sbatch(script)
+
+    def status(self, job_id: str) -> JobInfo | None:
+        info = show_job(job_id)
+        if info is None:
+            return None
+        command = info.get("Command", "")
+        return JobInfo(
+            job_id=job_id,
+            state=info.get("JobState", "?"),
+            exit_code=info.get("ExitCode", "?"),
+            restarts=info.get("Restarts", "0"),
+            run_time=info.get("RunTime", "?"),
+            nodes=info.get("NodeList", "?"),
+            reason=info.get("Reason", "None"),
+            script=Path(command) if command.startswith("/") else None,
+        )
+
+    def cancel(self, job_id: str) -> None:
+        scancel(job_id)

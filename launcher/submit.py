@@ -1,9 +1,10 @@
-"""The Slurm verbs: `ftl submit [--dry-run] [-m]`, `ftl status RUN_DIR|JOBID`, `ftl cancel`.
+"""The batch verbs, for any scheduler (launcher/scheduler.py): `ftl submit [--dry-run] [-m]`,
+`ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID`.
 
 submit: compose + validate every job first (a sweep submits nothing unless every
-combination is valid), then per job: write the run dir (launch.prepare), write
-RUN_DIR/job.sbatch, `sbatch --parsable` it (not with --dry-run), print job id, run dir and
-log paths. A bare `ftl submit` means cluster=slurm; cluster=local is refused.
+combination is valid), then per job: write the run dir with its job script in one atomic
+step (launch.write_run), submit it (not with --dry-run), record the job id, print job id,
+run dir and log paths. A bare `ftl submit` means cluster=slurm.
 Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
 parser and BasicSweeper), one job per combination.
 """
@@ -11,34 +12,28 @@ parser and BasicSweeper), one job per combination.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import ConfigError
-from launcher.slurm import (
-    JOB_ID_FILE,
-    PREEMPTED,
-    RESULT_FILE,
-    SBATCH_FILE,
-    log_paths,
-    render_sbatch,
-    sbatch,
-    scancel,
-    show_job,
-    slurm_problems,
-)
+from launcher.rundir import RunDir, job_script_name, write_file_atomic
+from launcher.scheduler import SCHEDULERS, JobInfo, Scheduler, get_scheduler
+
+if TYPE_CHECKING:
+    from launcher.validate import Checked
+
+DEFAULT_SCHEDULER = "slurm"
 
 
 def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) -> int:
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
     jobs = [with_slurm_default(job) for job in jobs]
-    check_jobs(jobs)
-    for index, job in enumerate(jobs):
+    checked = check_jobs(jobs)
+    for index, (job, job_checked) in enumerate(zip(jobs, checked, strict=True)):
         if len(jobs) > 1:
             print(f"# job {index + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
-        submit_one(job, dry_run)
+        submit_checked(job_checked, job, dry_run)
     return 0
 
 
@@ -61,145 +56,144 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(job) for batch in batches for job in batch]
 
 
-def check_jobs(jobs: list[list[str]]) -> None:
+def check_jobs(jobs: list[list[str]]) -> list[Checked]:
     """Every problem of every job in one ConfigError, before anything is written."""
-    from launcher.compose import compose_config
-    from launcher.planner import make_plan
+    from launcher.launch import check
 
     problems: list[str] = []
+    checked: list[Checked] = []
     for job in jobs:
         prefix = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
         try:
-            cfg = compose_config(job)
-            found = slurm_problems(cfg)
-            if not found:
-                make_plan(cfg)  # validation, strategy=auto, ds_config check
+            checked.append(check(job, "submit"))
         except ConfigError as error:
-            found = error.problems
-        problems += [prefix + problem for problem in found]
+            problems += [prefix + problem for problem in error.problems]
     if problems:
         raise ConfigError(problems)
+    return checked
 
 
-def submit_one(overrides: list[str], dry_run: bool) -> tuple[Path, str | None]:
-    """Write the run dir and job.sbatch; submit unless dry_run. -> (run dir, job id)."""
-    from launcher.launch import prepare
+def submit_checked(
+    checked: Checked, overrides: list[str], dry_run: bool
+) -> tuple[Path, str | None]:
+    """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
+    from launcher.launch import write_run
 
-    plan, run_dir, launch = prepare(overrides, launching_locally=False)
-    tool = Path(sys.executable).parent / launch.argv[0]
-    text = render_sbatch(plan.cfg, run_dir, launch, tool_dir=tool.parent if tool.exists() else None)
-    script = run_dir / SBATCH_FILE
-    _write_atomic(script, text, mode=0o755)
+    prepared = write_run(checked, overrides)
+    scheduler = get_scheduler(checked.cfg.cluster.scheduler)
+    run_dir = RunDir(prepared.run_dir)
+    script = run_dir / job_script_name(scheduler.name)
     if dry_run:
-        print(text, end="")
-        print(f"# dry run: not submitted. run dir: {run_dir}\n# submit it: sbatch {script}")
-        return run_dir, None
-    job_id = sbatch(script)
-    _write_atomic(run_dir / JOB_ID_FILE, job_id + "\n")
-    out, err = (path.replace("%j", job_id) for path in log_paths(run_dir))
+        print(script.read_text(), end="")
+        print(f"# dry run: not submitted. run dir: {run_dir.path}\n# the job script: {script}")
+        return run_dir.path, None
+    job_id = scheduler.submit(script)
+    write_file_atomic(run_dir.job_id, job_id + "\n")
     print(
         f"ftl submit: job {job_id}\n"
-        f"  run dir: {run_dir}\n"
+        f"  run dir: {run_dir.path}\n"
         f"  script:  {script}\n"
-        f"  logs:    {out}\n"
-        f"           {err}\n"
-        f"           {run_dir / 'logs'} (per rank)\n"
+        f"  logs:    {run_dir.logs} (the job's output and each rank's)\n"
         f"  watch:   ftl status {job_id}    stop: ftl cancel {job_id}",
         flush=True,
     )
-    return run_dir, job_id
+    return run_dir.path, job_id
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+def submit_one(overrides: list[str], dry_run: bool) -> tuple[Path, str | None]:
+    """Check, write and submit one job."""
+    (checked,) = check_jobs([overrides])
+    return submit_checked(checked, overrides, dry_run)
 
 
 # --- status and cancel -------------------------------------------------------------------
 
 
-def resolve_target(target: str) -> tuple[str | None, Path | None]:
-    """RUN_DIR or JOBID -> (job id, run dir), each None where unknown."""
+def scheduler_of(run_dir: Path | None) -> Scheduler:
+    """The scheduler a run dir's config names; the default one for a bare job id."""
+    name = DEFAULT_SCHEDULER
+    if run_dir is not None and RunDir(run_dir).config.is_file():
+        from omegaconf import OmegaConf
+
+        name = str(OmegaConf.load(RunDir(run_dir).config).cluster.get("scheduler", name))
+    if name not in SCHEDULERS:
+        raise ConfigError(f"{run_dir}: cluster.scheduler={name} is not a batch scheduler; "
+                          "this run was not submitted. Fix: `ftl report RUN_DIR`.")
+    return get_scheduler(name)
+
+
+def resolve_target(target: str) -> tuple[str | None, Path | None, JobInfo | None]:
+    """RUN_DIR or JOBID -> (job id, run dir, what the scheduler says), None where unknown."""
     path = Path(target)
     if path.is_dir():
-        id_file = path / JOB_ID_FILE
+        id_file = RunDir(path).job_id
         job_id = id_file.read_text().strip() if id_file.is_file() else None
-        return job_id or None, path.resolve()
+        info = scheduler_of(path).status(job_id) if job_id else None
+        return job_id or None, path.resolve(), info
     if target.replace("_", "").isdigit():
-        info = show_job(target)
-        return target, run_dir_of_job(info) if info else None
+        info = scheduler_of(None).status(target)
+        run_dir = info.script.parent if info and info.script else None
+        return target, run_dir, info
     raise ConfigError(
-        f"{target}: neither a run directory nor a Slurm job id. "
+        f"{target}: neither a run directory nor a job id. "
         "Fix: `ftl status outputs/<name>/<time>` or `ftl status <JOBID>`."
     )
 
 
-def run_dir_of_job(info: dict[str, str]) -> Path | None:
-    command = Path(info.get("Command", ""))
-    return command.parent if command.name == SBATCH_FILE else None
-
-
 def status(target: str) -> int:
-    job_id, run_dir = resolve_target(target)
-    info = show_job(job_id) if job_id is not None else None
+    job_id, run_dir, info = resolve_target(target)
     if info is None and run_dir is None:
         raise ConfigError(
-            f"job {job_id}: Slurm does not know it (a wrong id, or it ended a while ago: "
-            "Slurm keeps ended jobs only briefly). Fix: `ftl status RUN_DIR`, which also "
-            "reads the run's own state."
+            f"job {job_id}: the scheduler does not know it (a wrong id, or it ended a while "
+            "ago: Slurm keeps ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
+            "also reads the run's own state."
         )
     lines: list[str] = []
     if info is not None:
         lines.append(
-            f"job {job_id}: {info.get('JobState', '?')}"
-            f" (exit {info.get('ExitCode', '?')}, restarts {info.get('Restarts', '0')},"
-            f" run time {info.get('RunTime', '?')}, nodes {info.get('NodeList', '?')},"
-            f" reason {info.get('Reason', 'None')})"
+            f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
+            f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})"
         )
     elif job_id is not None:
-        lines.append(f"job {job_id}: no longer known to Slurm (it keeps ended jobs briefly)")
+        lines.append(f"job {job_id}: no longer known to the scheduler (it keeps ended jobs "
+                     "briefly)")
     else:
         lines.append("job: none recorded (not submitted, or a dry run)")
     if run_dir is None:
         lines.append("run dir: unknown (the job was not submitted by `ftl submit`)")
     else:
-        lines += run_dir_lines(run_dir, job_id)
+        lines += run_dir_lines(RunDir(run_dir))
     print("\n".join(lines))
     return 0
 
 
-def run_dir_lines(run_dir: Path, job_id: str | None) -> list[str]:
+def run_dir_lines(run_dir: RunDir) -> list[str]:
     """What the run dir says: finished / preempted / progress, checkpoint, logs."""
     from launcher.checkpoints import latest_complete_checkpoint
 
-    lines = [f"run dir: {run_dir}"]
-    result = _read_json(run_dir / RESULT_FILE)
-    if result is not None and not (run_dir / PREEMPTED).exists():
+    lines = [f"run dir: {run_dir.path}"]
+    result = _read_json(run_dir.result)
+    if result is not None and run_dir.is_finished():
         lines.append(
             f"run: finished at step {result.get('global_step')}"
             f" (final train loss {result.get('final_train_loss')}, world size"
             f" {result.get('world_size')}); model: {result.get('model_dir')}"
         )
-    elif (run_dir / PREEMPTED).exists():
-        stopped = _read_json(run_dir / PREEMPTED) or {}
+    elif run_dir.preempted.exists():
+        stopped = _read_json(run_dir.preempted) or {}
         lines.append(f"run: stopped for preemption at step {stopped.get('step')}; requeued")
     else:
         lines.append(f"run: {_progress(run_dir)}")
-    checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
+    checkpoint = latest_complete_checkpoint(run_dir.checkpoints)
     lines.append(f"latest complete checkpoint: {checkpoint or 'none yet'}")
-    if job_id is not None:
-        out, err = (path.replace("%j", job_id) for path in log_paths(run_dir))
-        lines.append(f"logs: {out}  {err}")
+    lines.append(f"logs: {run_dir.logs}")
     return lines
 
 
-def _progress(run_dir: Path) -> str:
-    metrics = run_dir / "metrics.jsonl"
+def _progress(run_dir: RunDir) -> str:
     steps = []
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines():
+    if run_dir.metrics.is_file():
+        for line in run_dir.metrics.read_text().splitlines():
             try:
                 steps.append(int(json.loads(line)["step"]))
             except (ValueError, KeyError, TypeError):
@@ -209,11 +203,11 @@ def _progress(run_dir: Path) -> str:
     return f"running, step {steps[-1]}" + _max_steps_suffix(run_dir)
 
 
-def _max_steps_suffix(run_dir: Path) -> str:
+def _max_steps_suffix(run_dir: RunDir) -> str:
     from omegaconf import OmegaConf
 
     try:
-        max_steps = int(OmegaConf.load(run_dir / "config.yaml").train.max_steps)
+        max_steps = int(OmegaConf.load(run_dir.config).train.max_steps)
     except Exception:  # noqa: BLE001 - a missing/odd config only loses the "of N"
         return ""
     return f" of {max_steps}" if max_steps > 0 else ""
@@ -227,10 +221,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def cancel(target: str) -> int:
-    job_id, run_dir = resolve_target(target)
+    job_id, run_dir, _ = resolve_target(target)
     if job_id is None:
-        raise ConfigError(f"{target}: no Slurm job recorded for this run dir (a dry run?).")
-    scancel(job_id)
+        raise ConfigError(f"{target}: no job recorded for this run dir (a dry run?).")
+    scheduler_of(run_dir).cancel(job_id)
     where = f" (run dir {run_dir})" if run_dir else ""
-    print(f"ftl cancel: cancelled job {job_id}{where}")
+    print(f"ftl cancel: cancelled job {job_id}{where}", file=sys.stdout)
     return 0

@@ -56,8 +56,7 @@ def test_every_group_option_composes(path: Path) -> None:
 def test_gpu_cluster_matrix_validates(model: str, strategy: str, precision: str) -> None:
     cfg = compose_config([f"model={model}", f"strategy={strategy}", f"precision={precision}",
                           "cluster=slurm", "cluster.gpu=a100-80g", "cluster.nodes=2"])
-    validate(cfg)
-    plan = make_plan(cfg)
+    plan = make_plan(validate(cfg, "plan"))
     if cfg.strategy.backend == "deepspeed":
         assert plan.ds_config is not None
         assert plan.ds_config["zero_optimization"]["stage"] == cfg.strategy.zero_stage
@@ -70,7 +69,7 @@ def test_gpu_cluster_matrix_validates(model: str, strategy: str, precision: str)
 def test_fp16_on_cpu_fails_with_documented_error(model: str, strategy: str) -> None:
     cfg = compose_config([f"model={model}", f"strategy={strategy}", "precision=fp16"])
     with pytest.raises(ConfigError) as caught:
-        validate(cfg)
+        validate(cfg, "plan")
     assert any("precision=fp16" in problem and "Fix:" in problem
                for problem in caught.value.problems)
 
@@ -79,4 +78,4 @@ def test_fp16_on_cpu_fails_with_documented_error(model: str, strategy: str) -> N
 def test_bf16_on_v100_fails_with_documented_error(strategy: str) -> None:
     cfg = compose_config([f"strategy={strategy}", "precision=bf16", "cluster.gpu=v100-32g"])
     with pytest.raises(ConfigError, match=r"precision=bf16: cluster.gpu=v100-32g"):
-        validate(cfg)
+        validate(cfg, "plan")

@@ -11,6 +11,7 @@ import pytest
 from launcher.command import Launch, build_launch, render_command, rendezvous_id
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
+from launcher.validate import validate
 
 RUN_DIR = "/runs/ftl/20260101-120000"
 GPU8 = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
@@ -106,15 +107,18 @@ def test_deepspeed_two_nodes_local_writes_hostfile_from_hosts() -> None:
     ]
 
 
-def test_deepspeed_two_nodes_local_without_hosts_names_cluster_hostfile() -> None:
+def test_deepspeed_two_nodes_local_without_hosts_is_refused_by_validation() -> None:
+    cfg = compose_config(["cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8])
     with pytest.raises(ConfigError) as caught:
-        launch_for("cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8)
+        validate(cfg, "plan")
     assert "cluster.hostfile=PATH" in str(caught.value)
+    with pytest.raises(ValueError):  # the builder never sees it; if it did, no silent argv
+        build_launch(cfg, "/runs/x")
 
 
 def test_unknown_launcher_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="cluster.launcher=mpirun"):
-        launch_for("cluster.launcher=mpirun")
+        validate(compose_config(["cluster.launcher=mpirun"]), "plan")
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.checkpoints import (
-    RESUME_FROM_FILE,
     latest_in_earlier_runs,
     resume_checkpoint,
     write_complete_marker,
 )
+from launcher.rundir import RunDir
 
 
 def checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -47,8 +47,9 @@ def test_own_checkpoints_come_before_the_recorded_earlier_one(tmp_path: Path) ->
     earlier = checkpoint(tmp_path / "20260101-000000", 4)
     run = tmp_path / "20260102-000000"
     run.mkdir()
-    (run / RESUME_FROM_FILE).write_text(f"{earlier}\n")
-    assert resume_checkpoint("auto", run) == earlier
+    RunDir(run).resume_from.write_text(f"{earlier}\n")
+    assert resume_checkpoint("auto", RunDir(run)) == earlier
     own = checkpoint(run, 6)  # e.g. a requeued Slurm job saved since
-    assert resume_checkpoint("auto", run) == own
-    assert resume_checkpoint("never", run) is None
+    assert resume_checkpoint("auto", RunDir(run)) == own
+    assert resume_checkpoint(str(earlier), RunDir(run)) == own  # a requeue keeps going
+    assert resume_checkpoint("never", RunDir(run)) is None

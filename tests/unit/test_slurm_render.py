@@ -22,6 +22,7 @@ import pytest
 
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
+from launcher.rundir import RunDir
 from launcher.slurm import (
     parse_scontrol,
     render_sbatch,
@@ -30,16 +31,18 @@ from launcher.slurm import (
     time_seconds,
 )
 from launcher.submit import expand_sweep, submit, with_slurm_default
+from launcher.validate import validate
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 RUN_DIR = "/scratch/outputs/llama-7b-zero3/20260101-000000"
 HOSTILE = "x'; touch /tmp/owned #"
 GPU_JOB = [
     "cluster=slurm", "model=llama-7b", "strategy=zero3", "precision=bf16",
-    "cluster.gpu=a100-80g", "cluster.gpus_per_node=8", "cluster.partition=gpu",
-    "cluster.account=proj-42", "cluster.qos=high", "cluster.time=1-00:00:00",
-    "cluster.cpus_per_task=32", "cluster.mem=500G", "cluster.signal_grace_s=300",
-    "cluster.max_restarts=5", "cluster.sbatch_extra=[--exclusive,'--constraint=a100&ib']",
+    "cluster.gpu=a100-80g", "cluster.gpus_per_node=8", "cluster.slurm.partition=gpu",
+    "cluster.slurm.account=proj-42", "cluster.slurm.qos=high", "cluster.slurm.time=1-00:00:00",
+    "cluster.slurm.cpus_per_task=32", "cluster.slurm.mem=500G", "cluster.slurm.signal_grace_s=300",
+    "cluster.slurm.max_restarts=5",
+    "cluster.slurm.sbatch_extra=[--exclusive,'--constraint=a100&ib']",
     "cluster.setup=['module load cuda/12.4','source /opt/venv/bin/activate']",
 ]
 CPU_JOB = ["cluster=slurm", "cluster.gpu=cpu", "cluster.gpus_per_node=1", "train.max_steps=2"]
@@ -111,7 +114,7 @@ def test_cpu_preset_asks_for_no_gpus() -> None:
 
 
 def test_requeue_only_when_signalled_and_unfinished_and_under_the_limit() -> None:
-    text = render_sbatch(compose_config([*CPU_JOB, "cluster.max_restarts=2"]), RUN_DIR)
+    text = render_sbatch(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=2"]), RUN_DIR)
     finished = text.index(
         'if [ -e "$FTL_RUN_DIR"/result.json ] && [ ! -e "$FTL_RUN_DIR"/preempted ]'
     )
@@ -162,7 +165,7 @@ def test_secrets_never_reach_the_script_or_run_dir(
         monkeypatch.setenv(key, value)
     assert submit([*CPU_JOB, f"run.output_dir={tmp_path}"], dry_run=True) == 0
     printed = capsys.readouterr().out
-    (script,) = tmp_path.glob("*/*/job.sbatch")
+    (script,) = tmp_path.glob("*/*/job.slurm")
     texts = [printed] + [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     for value in secrets.values():
         assert not any(value in text for text in texts)
@@ -183,7 +186,7 @@ def test_dry_run_prints_and_writes_the_script_without_torch(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert "HEAVY []" in done.stdout
     assert "#SBATCH --nodes=1" in done.stdout and "# dry run: not submitted" in done.stdout
-    (script,) = tmp_path.glob("*/*/job.sbatch")
+    (script,) = tmp_path.glob("*/*/job.slurm")
     assert os.access(script, os.X_OK)
 
 
@@ -202,38 +205,39 @@ def test_sweep_expands_like_hydra_multirun(
     printed = capsys.readouterr().out
     assert "# job 1 of 2" in printed and "# job 2 of 2" in printed
     configs = sorted(p.read_text() for p in tmp_path.glob("*/*/config.yaml"))
-    assert len(configs) == 2 and len(list(tmp_path.glob("*/*/job.sbatch"))) == 2
+    assert len(configs) == 2 and len(list(tmp_path.glob("*/*/job.slurm"))) == 2
     learning_rates = sorted(re.search(r"\n  lr: (\S+)", c).group(1) for c in configs)
     assert learning_rates == ["1.0e-05", "2.0e-05"]
 
 
 def test_a_bad_combination_submits_nothing(tmp_path: Path) -> None:
-    overrides = [*CPU_JOB, "cluster.time=10,bogus", f"run.output_dir={tmp_path}"]
-    with pytest.raises(ConfigError, match="cluster.time=bogus"):
+    overrides = [*CPU_JOB, "cluster.slurm.time=10,bogus", f"run.output_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="cluster.slurm.time=bogus"):
         submit(overrides, dry_run=True, multirun=True)
-    assert not list(tmp_path.rglob("job.sbatch"))
+    assert not list(tmp_path.rglob("job.slurm"))
 
 
 def test_submit_defaults_to_slurm_and_refuses_local() -> None:
     assert with_slurm_default(["model=llama-7b"]) == ["cluster=slurm", "model=llama-7b"]
     assert with_slurm_default(["cluster=local"]) == ["cluster=local"]
-    problems = slurm_problems(compose_config(["cluster=local"]))
-    assert any("cluster=local" in p and "Fix: cluster=slurm" in p for p in problems)
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(["cluster=local"]), "submit")
+    assert any("cluster=local" in p and "Fix: cluster=slurm" in p for p in caught.value.problems)
 
 
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("cluster.time=4h", "cluster.time=4h: not a Slurm time limit"),
-        ("cluster.signal_grace_s=600", "cluster.signal_grace_s=600"),  # > time (5 min)
-        ("cluster.max_restarts=-1", "cluster.max_restarts=-1"),
-        ("cluster.mem=lots", "cluster.mem=lots"),
-        ("cluster.sbatch_extra=[exclusive]", "must start with -"),
-        ("cluster.partition='gpu\nrm -rf /'", "cluster.partition="),
+        ("cluster.slurm.time=4h", "cluster.slurm.time=4h: not a Slurm time limit"),
+        ("cluster.slurm.signal_grace_s=600", "cluster.slurm.signal_grace_s=600"),  # > time (5 min)
+        ("cluster.slurm.max_restarts=-1", "cluster.slurm.max_restarts=-1"),
+        ("cluster.slurm.mem=lots", "cluster.slurm.mem=lots"),
+        ("cluster.slurm.sbatch_extra=[exclusive]", "must start with -"),
+        ("cluster.slurm.partition='gpu\nrm -rf /'", "cluster.slurm.partition="),
     ],
 )
 def test_slurm_rules_name_key_and_fix(override: str, needle: str) -> None:
-    cfg = compose_config(["cluster=slurm", "cluster.time=5", override])
+    cfg = compose_config(["cluster=slurm", "cluster.slurm.time=5", override])
     problems = slurm_problems(cfg)
     assert any(needle in p and "Fix:" in p for p in problems), problems
 
@@ -245,10 +249,10 @@ def test_time_limits() -> None:
 
 
 def test_parse_scontrol_keeps_spaces_in_values() -> None:
-    line = "JobId=7 JobName=a b c UserId=root(0) JobState=RUNNING Reason=None Command=/r/job.sbatch"
+    line = "JobId=7 JobName=a b c UserId=root(0) JobState=RUNNING Reason=None Command=/r/job.slurm"
     info = parse_scontrol(line)
     assert info["JobName"] == "a b c" and info["JobState"] == "RUNNING"
-    assert info["Command"] == "/r/job.sbatch"
+    assert info["Command"] == "/r/job.slurm"
 
 
 # --- the job script's end: requeue decision ----------------------------------------------
@@ -280,7 +284,7 @@ esac
         ("1", "finish", "", 0, False),  # signal came, but the run finished: no requeue
         ("1", "preempt", "", 0, True),  # checkpoint + stop -> requeue
         ("1", "preempt", "2", 0, True),  # restart 3 of 3 still allowed
-        ("1", "preempt", "3", 1, False),  # cluster.max_restarts=3 reached
+        ("1", "preempt", "3", 1, False),  # cluster.slurm.max_restarts=3 reached
         ("", "crash", "", 3, False),  # a failure is reported, not retried
         ("", "stop", "", 1, False),  # ranks exited 0 without finishing: not a success
     ],
@@ -294,7 +298,7 @@ def test_requeue_decision(
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    script = render_sbatch(compose_config([*CPU_JOB, "cluster.max_restarts=3"]), run_dir)
+    script = render_sbatch(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=3"]), run_dir)
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
         "SLURM_JOB_NODELIST": "node1", "FAKE_SIGNAL": signal, "FAKE_RANKS": ranks,
@@ -319,7 +323,7 @@ def test_preempt_callback_saves_and_stops_once_requested(tmp_path: Path) -> None
 
     from launcher.preempt import PreemptCallback
 
-    callback, state = PreemptCallback(tmp_path), TrainerState(global_step=3, max_steps=10)
+    callback, state = PreemptCallback(RunDir(tmp_path)), TrainerState(global_step=3, max_steps=10)
     control = TrainerControl()
     callback.on_step_end(None, state, control)  # type: ignore[arg-type]
     assert not (control.should_save or control.should_training_stop or callback.preempted)
@@ -335,7 +339,7 @@ def test_preempt_callback_lets_the_last_step_finish(tmp_path: Path) -> None:
     from launcher.preempt import PreemptCallback
 
     (tmp_path / "preempt.requested").touch()
-    callback, control = PreemptCallback(tmp_path), TrainerControl()
+    callback, control = PreemptCallback(RunDir(tmp_path)), TrainerControl()
     callback.on_step_end(None, TrainerState(global_step=10, max_steps=10), control)  # type: ignore[arg-type]
     assert not (control.should_training_stop or callback.preempted)
     assert not (tmp_path / "preempted").exists()  # finished runs must not requeue
@@ -376,5 +380,5 @@ def test_status_of_a_dry_run_dir_and_of_nonsense(
     printed = capsys.readouterr().out
     assert "job: none recorded" in printed and f"run dir: {run_dir}" in printed
     assert "latest complete checkpoint: none yet" in printed
-    with pytest.raises(ConfigError, match="neither a run directory nor a Slurm job id"):
+    with pytest.raises(ConfigError, match="neither a run directory nor a job id"):
         status(str(tmp_path / "missing"))

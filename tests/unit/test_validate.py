@@ -1,29 +1,36 @@
-"""Each validation rule: the message names the key as typed, the value, and the fix."""
+"""The one validation stage: each rule's message names the key as typed, the value and the
+fix, and every problem of every kind (configuration, strategy, machine, scheduler, resume)
+comes back in one ConfigError."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from launcher.checkpoints import write_complete_marker
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
-from launcher.validate import validate
+from launcher.validate import Target, validate
 
 
-def problems_for(overrides: list[str], *, launching_locally: bool = False) -> list[str]:
+def problems_for(overrides: list[str], target: Target = "plan") -> list[str]:
     cfg = compose_config(overrides)
     with pytest.raises(ConfigError) as caught:
-        validate(cfg, launching_locally=launching_locally)
+        validate(cfg, target)
     return caught.value.problems
 
 
-def only_problem(overrides: list[str], **kwargs: bool) -> str:
-    problems = problems_for(overrides, **kwargs)
+def only_problem(overrides: list[str], target: Target = "plan") -> str:
+    problems = problems_for(overrides, target)
     assert len(problems) == 1, problems
     return problems[0]
 
 
-def test_default_config_is_valid() -> None:
-    validate(compose_config([]), launching_locally=True)
+def test_default_config_is_valid_for_every_target(tmp_path: Path) -> None:
+    for target in ("estimate", "plan", "train"):
+        checked = validate(compose_config([f"run.output_dir={tmp_path}"]), target)
+        assert checked.cfg.strategy.name == "ddp" and checked.estimate is not None
 
 
 def test_fp16_on_cpu_names_precision_and_fix() -> None:
@@ -33,7 +40,7 @@ def test_fp16_on_cpu_names_precision_and_fix() -> None:
 
 
 def test_fp16_on_gpu_preset_is_valid() -> None:
-    validate(compose_config(["precision=fp16", "cluster.gpu=v100-32g"]))
+    validate(compose_config(["precision=fp16", "cluster.gpu=v100-32g"]), "plan")
 
 
 def test_bf16_on_v100_is_refused() -> None:
@@ -55,22 +62,54 @@ def test_fsdp_with_deepspeed_launcher_is_refused() -> None:
 
 def test_local_multi_node_is_refused_when_launching() -> None:
     overrides = ["cluster.nodes=2"]
-    validate(compose_config(overrides))  # a plan for 2 nodes is fine
-    message = only_problem(overrides, launching_locally=True)
+    validate(compose_config(overrides), "plan")  # a plan for 2 nodes is fine
+    message = only_problem(overrides, "train")
     assert "cluster.nodes=2 with cluster=local" in message
     assert "ftl submit cluster=slurm cluster.nodes=2" in message
 
 
-def test_local_multi_node_with_deepspeed_hostfile_is_allowed() -> None:
-    cfg = compose_config(
-        ["cluster.nodes=2", "cluster.launcher=deepspeed", "cluster.hostfile=/etc/hosts"]
-    )
-    validate(cfg, launching_locally=True)
+def test_local_multi_node_with_deepspeed_hostfile_is_allowed(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=2\nworker-2 slots=2  # second node\n")
+    cfg = compose_config(["cluster.nodes=2", "cluster.launcher=deepspeed",
+                          f"cluster.hostfile={hostfile}", f"run.output_dir={tmp_path}"])
+    validate(cfg, "train")
 
 
-def test_train_refuses_slurm_cluster() -> None:
-    message = only_problem(["cluster=slurm", "cluster.gpu=cpu"], launching_locally=True)
+def test_hostfile_must_exist_parse_and_list_every_node(tmp_path: Path) -> None:
+    base = ["cluster.nodes=2", "cluster.launcher=deepspeed"]
+    missing = only_problem([*base, f"cluster.hostfile={tmp_path}/nope"], "train")
+    assert f"cluster.hostfile={tmp_path}/nope: cannot be read" in missing
+    bad = tmp_path / "bad"
+    bad.write_text("worker-1 slots=two\n")
+    assert "line 1 'worker-1 slots=two' is not `host slots=N`" in only_problem(
+        [*base, f"cluster.hostfile={bad}"], "train")
+    short = tmp_path / "short"
+    short.write_text("worker-1 slots=2\n")
+    assert "lists 1 host(s), cluster.nodes=2" in only_problem(
+        [*base, f"cluster.hostfile={short}"], "train")
+
+
+def test_deepspeed_multi_node_without_scheduler_needs_a_hostfile() -> None:
+    message = only_problem(["cluster.nodes=2", "cluster.launcher=deepspeed"])
+    assert "deepspeed needs a hostfile" in message and "cluster.hostfile=PATH" in message
+
+
+def test_train_refuses_a_batch_cluster() -> None:
+    message = only_problem(["cluster=slurm", "cluster.gpu=cpu"], "train")
     assert "cluster=slurm" in message and "ftl submit" in message
+
+
+def test_submit_refuses_a_cluster_without_scheduler() -> None:
+    message = only_problem([], "submit")
+    assert "cluster=local (cluster.scheduler=none)" in message and "cluster=slurm" in message
+
+
+def test_train_checks_this_machine_together_with_the_config() -> None:
+    problems = problems_for(["cluster.gpu=a100-80g", "train.lr=0"], "train")
+    text = "\n".join(problems)
+    assert "train.lr=0.0: must be greater than 0" in text
+    assert "cluster.gpu=a100-80g: this machine has no NVIDIA GPU" in text
 
 
 @pytest.mark.parametrize(
@@ -109,7 +148,7 @@ def test_global_batch_mismatch_suggests_grad_accum() -> None:
 def test_global_batch_that_matches_is_valid() -> None:
     overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4", "train.grad_accum=4",
                  "train.global_batch_size=32"]
-    validate(compose_config(overrides))
+    validate(compose_config(overrides), "plan")
 
 
 def test_global_batch_not_divisible_explains() -> None:
@@ -130,9 +169,75 @@ def test_max_length_longer_than_model() -> None:
     assert "dataset.max_length=1000" in message and "model.max_position_embeddings=256" in message
 
 
+QLORA_OK = ["peft=qlora", "model.path=/models/base", "model.intermediate_size=192"]
+
+
 def test_qlora_with_zero3_is_refused() -> None:
-    message = only_problem(["peft=qlora", "strategy=zero3"])
+    message = only_problem([*QLORA_OK, "strategy=zero3"])
     assert "peft=qlora" in message and "strategy=zero3" in message
+
+
+def test_qlora_needs_weights_and_cpu_block_sizes() -> None:
+    validate(compose_config(QLORA_OK), "plan")
+    problems = problems_for(["peft=qlora"])
+    assert any("model.path is empty" in p and "peft=lora" in p for p in problems), problems
+    assert any("model.intermediate_size=172" in p and "divisible by 64" in p for p in problems)
+
+
+def test_eight_bit_base_is_refused_not_silently_loaded_in_4_bit() -> None:
+    message = only_problem([*QLORA_OK, "peft.bits=8"])
+    assert "peft.bits=8 with peft=qlora" in message and "Fix: peft.bits=4" in message
+    assert "peft.bits=4 with peft=lora" in only_problem(["peft=lora", "peft.bits=4"])
+
+
+def test_evaluation_without_an_eval_set_is_refused() -> None:
+    no_eval = ["dataset.eval_path=", "dataset.eval_fraction=0"]
+    message = only_problem([*no_eval, "train.eval_on_start=true"])
+    assert "train.eval_steps=50 and train.eval_on_start=true: there is no eval set" in message
+    validate(compose_config([*no_eval, "train.eval_steps=0"]), "plan")
+
+
+def test_a_tokenizer_source_is_required() -> None:
+    message = only_problem(["model.tokenizer="])
+    assert "model.tokenizer: empty, and model.path is empty too" in message
+
+
+def test_callbacks_need_an_importable_target() -> None:
+    ok = "train.callbacks=[{_target_:transformers.PrinterCallback}]"
+    validate(compose_config([ok]), "plan")
+    message = only_problem(["train.callbacks=[{_target_:nowhere.Probe}]"])
+    assert "train.callbacks[0]._target_=nowhere.Probe" in message
+    assert "needs _target_" in only_problem(["train.callbacks=[{step:4}]"])
+
+
+def checkpoint(root: Path, step: int, world_size: int = 2, complete: bool = True) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        write_complete_marker(path, step, world_size=world_size)
+    return path
+
+
+def test_resume_path_must_exist_be_complete_and_fit_the_world_size(tmp_path: Path) -> None:
+    out = f"run.output_dir={tmp_path}"
+    missing = only_problem([out, f"run.resume={tmp_path}/checkpoint-9"], "train")
+    assert "no such checkpoint directory" in missing
+    half = checkpoint(tmp_path / "a", 2, complete=False)
+    assert "has no COMPLETE marker" in only_problem([out, f"run.resume={half}"], "train")
+    four_ranks = checkpoint(tmp_path / "b", 4, world_size=4)
+    refused = only_problem([out, "strategy=zero2", f"run.resume={four_ranks}"], "train")
+    assert "written by 4 ranks, this run has 2" in refused and "run.resume=never" in refused
+    # DDP state is not partitioned: another world size loads.
+    checked = validate(compose_config([out, f"run.resume={four_ranks}"]), "train")
+    assert checked.resume_from == four_ranks
+
+
+def test_auto_finds_an_earlier_unfinished_launch(tmp_path: Path) -> None:
+    earlier = checkpoint(tmp_path / "tiny-llama-ddp" / "20260101-000000" / "checkpoints", 4)
+    checked = validate(compose_config([f"run.output_dir={tmp_path}"]), "train")
+    assert checked.resume_from == earlier
+    never = validate(compose_config([f"run.output_dir={tmp_path}", "run.resume=never"]), "train")
+    assert never.resume_from is None
 
 
 def test_every_problem_is_reported_at_once() -> None:

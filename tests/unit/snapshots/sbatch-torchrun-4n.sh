@@ -21,7 +21,6 @@
 set -uo pipefail
 export FTL_RUN_DIR=/scratch/outputs/llama-7b-zero3/20260101-000000
 rm -f "$FTL_RUN_DIR"/preempt.requested "$FTL_RUN_DIR"/preempted
-echo "$SLURM_JOB_ID" > "$FTL_RUN_DIR"/job_id
 
 # USR1 (--signal=B:USR1@grace, or `scancel -b -s USR1`): ask the ranks to save a
 # checkpoint at the next step boundary and stop; the end of this script requeues.
@@ -63,7 +62,7 @@ if [ -e "$FTL_RUN_DIR"/preempt.requested ]; then
         scontrol requeue "$SLURM_JOB_ID" && exit 0
         echo "ftl: scontrol requeue failed"
     else
-        echo "ftl: not requeueing: cluster.max_restarts=5 reached"
+        echo "ftl: not requeueing: cluster.slurm.max_restarts=5 reached"
     fi
 fi
 [ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done

@@ -1,0 +1,222 @@
+"""Per-GPU (and per-node host) memory of a run under one strategy: the engine accounting.
+
+Pure arithmetic, no torch/deepspeed import. Sources of each figure:
+
+- Model states: what the DeepSpeed engine (or torch DDP) really allocates, read from its
+  source and measured on live engines; see ENGINE_ACCOUNTING_NOTES. Precision-aware. The
+  ZeRO paper's and DeepSpeed's own estimator formulas are kept as test oracles
+  (tests/unit/memory_oracles.py), not used here: DeepSpeed's assumes 16-bit training and
+  under-counts ZeRO-3 by one 16-bit partition.
+- Activations: Korthikanti et al. 2022 (arXiv 2205.05198), per layer s*b*h*(34 + 5*a*s/h)
+  bytes in 16-bit. The 5*a*s/h term is the stored s x s attention scores; HF models run
+  SDPA/flash attention on GPU, which never stores them, so it is left out on GPU presets
+  and kept on `cluster.gpu=cpu` (conservative: torch may fall back to its math kernel
+  there, which materialises the scores). The 34 is GPT's 4h MLP; a Llama gated MLP stores
+  somewhat more, so treat the figure as a close lower bound. With gradient checkpointing
+  each layer keeps only its 16-bit input (2*s*b*h) and one layer's full activations exist
+  during its recomputation. Logits add s*b*V*10 bytes (16-bit logits, their fp32 upcast
+  for the loss, fp32 log-softmax kept for backward). fp32 doubles the per-element bytes.
+- Framework allowance per GPU: FRAMEWORK_BUFFER_BYTES (CUDA context, NCCL buffers, ZeRO
+  communication buckets); a run "fits" when model states + activations + allowance
+  <= FIT_FRACTION of the preset's memory (the rest is allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from launcher.ds_config import SUB_GROUP_SIZE
+from launcher.flops import (
+    adapter_params,
+    count_params,
+    largest_layer_params,
+    layer_linear_params,
+)
+from launcher.hardware import GpuPreset, gpu_preset
+from launcher.schema import RunConfig, StrategyConfig
+from launcher.strategies import effective_zero_stage
+
+GIB = 1024**3
+
+FRAMEWORK_BUFFER_BYTES = int(1.5 * GIB)
+"""Per GPU: CUDA context (~0.5 GiB), NCCL buffers and ZeRO buckets (h*h elements each)."""
+CPU_FRAMEWORK_BUFFER_BYTES = int(0.5 * GIB)
+"""Per process on cluster.gpu=cpu: the torch/python runtime itself."""
+FIT_FRACTION = 0.95
+"""Share of the preset's memory we plan to use; the rest absorbs allocator fragmentation."""
+DEEPSPEED_BUFFER_FACTOR = 1.5
+"""DeepSpeed's `additional_buffer_factor` default for host-memory figures."""
+LOGITS_BYTES_PER_ELEMENT = {16: 10, 32: 8}
+"""Per s*b*V logit element: 16-bit logits + fp32 upcast + fp32 log-softmax (fp32: no upcast)."""
+QLORA_BYTES_PER_PARAM = 0.5 + 4 / 64
+"""NF4: 4 bits per weight plus one fp32 absmax per 64-weight block (no double quant)."""
+ADAPTER_BYTES_PER_PARAM = 16
+"""LoRA adapters train in fp32: weight 4 + grad 4 + Adam m, v 8."""
+ZERO3_SUB_GROUP_SIZE = SUB_GROUP_SIZE
+"""ZeRO-3 `sub_group_size` the ds_config writes: fp32 grads exist one sub-group at a time."""
+
+ENGINE_ACCOUNTING_NOTES = """\
+engine accounting: what DeepSpeed 0.19.8 holds per rank, read from stage_1_and_2.py /
+stage3.py and measured (every live tensor summed on 2 CPU ranks and 1, tiny Llama, bf16
+and fp32). psi = parameters, N = world size, p = 2 (fp16/bf16) or 4 (fp32), L = largest layer.
+  zero1, zero2: p*psi + (16 + g)*psi/N; 16 = fp32 grads 4 + fp32 master 4 + Adam 8 of the
+         partition; g = 2 in 16-bit (the 16-bit grad partition is still alive while it is
+         cast to fp32 inside step(): read from the source, too brief for a snapshot at the
+         step's start to see), 0 in fp32. Stage 1 held exactly what stage 2 held.
+         For 16-bit this equals DeepSpeed's 2*psi + 18*psi/N.
+  zero3: (2p + 12)*psi/N + 4*min(sub_group_size, psi/N) + 2p*L: 16-bit param and grad
+         partitions stay allocated, fp32 grads exist one sub-group at a time, one layer's
+         params + grads are gathered. DeepSpeed's function says 4L + 18*psi/N (it leaves
+         out one 16-bit partition): measured 20.05 bytes/param at N=1, 10.05 at N=2.
+  offload: GPU keeps the 16-bit params (zero2_offload) or only the gathered layer
+         (zero3_offload); host per node = (16 [+ p with offload_param]) * psi *
+         gpus_per_node / N * 1.5 (DeepSpeed's additional_buffer_factor). On CPU, where
+         "GPU" and host are the same memory, a rank held (fp32, N=2) 15.6 bytes/param with
+         zero2_offload (predicted 4 + 12 = 16.0) and 12.1 with zero3_offload (predicted
+         15.0: the 1.5 factor is headroom there).
+  ddp:   torch DDP under the HF Trainer: fp32 weights with autocast, 4 params + 4 grads +
+         4 bucket copy of the grads (gradient_as_bucket_view=False) + 8 Adam = 20*psi.
+         Not measured (the reducer's buckets are not Python-visible).
+  fsdp / fsdp_offload: counted as zero3 / zero3_offload.
+"""
+
+
+# ---------------------------------------------------------------- model states
+
+
+def engine_model_state_parts(
+    total_params: int,
+    largest_layer_params: int,
+    world_size: int,
+    zero_stage: int,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    param_bytes: int = 2,
+    sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
+) -> dict[str, float]:
+    """Bytes per GPU the engine holds at its peak, by kind (see ENGINE_ACCOUNTING_NOTES).
+
+    Keys: params, grads, optimizer (fp32 master + Adam m, v), gathered (ZeRO-3's working
+    set of one layer's full params and grads; 0 elsewhere), transient (alive only inside
+    the optimizer step). A test that sums a live engine's tensors as the wrapped torch
+    optimizer's step() starts should compare with params + grads + optimizer; the estimate
+    plans for the sum of all. With offload_optimizer the optimizer and fp32 gradients live
+    on the host and are left out here.
+    """
+    psi, p, n = total_params, param_bytes, world_size
+    if zero_stage == 0:  # torch DDP, fp32 weights under autocast: + a bucket copy of grads
+        return {"params": 4 * psi, "grads": 8 * psi, "optimizer": 8 * psi, "gathered": 0,
+                "transient": 0}
+    if zero_stage in (1, 2):
+        if offload_optimizer:
+            return {"params": p * psi, "grads": 0, "optimizer": 0, "gathered": 0,
+                    "transient": 0}
+        # 16-bit training briefly keeps the 16-bit grad partition while casting it to fp32
+        transient = 2 * psi / n if p == 2 else 0
+        return {"params": p * psi, "grads": 4 * psi / n, "optimizer": 12 * psi / n,
+                "gathered": 0, "transient": transient}
+    gathered = 2 * p * largest_layer_params
+    if offload_optimizer:  # grads go to the host; offload_param also moves the 16-bit params
+        params = 0 if offload_param else p * psi / n
+        return {"params": params, "grads": 0, "optimizer": 0, "gathered": gathered,
+                "transient": 0}
+    grads = p * psi / n + 4 * min(sub_group_size, psi / n)  # fp32 grads: one sub-group at a time
+    return {"params": p * psi / n, "grads": grads, "optimizer": 12 * psi / n,
+            "gathered": gathered, "transient": 0}
+
+
+def engine_host_bytes(
+    total_params: int, gpus_per_node: int, world_size: int, strategy: StrategyConfig, p: int
+) -> float:
+    """Host RAM per node for offloaded states: fp32 master, grads, Adam (+ 16-bit params)."""
+    if not strategy.offload_optimizer:
+        return 0.0
+    per_param = 16 + (p if strategy.offload_param else 0)
+    return per_param * total_params * gpus_per_node / world_size * DEEPSPEED_BUFFER_FACTOR
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes of one working-copy parameter: 4 in fp32, 2 in fp16/bf16."""
+    return 4 if precision == "fp32" else 2
+
+
+def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
+    """(GPU bytes per GPU, host bytes per node) of params, grads and optimizer states when
+    cfg's model trains under `strategy` (which need not be cfg.strategy: the estimate asks
+    for every strategy of the table on the same run)."""
+    if cfg.peft.name != "none":
+        return peft_model_state_bytes(cfg, strategy)
+    psi, largest = count_params(cfg.model), largest_layer_params(cfg.model)
+    n, p = cfg.world_size, param_bytes(cfg.precision.name)
+    parts = engine_model_state_parts(
+        psi, largest, n, effective_zero_stage(strategy), strategy.offload_optimizer,
+        strategy.offload_param, p,
+    )
+    return sum(parts.values()), engine_host_bytes(psi, cfg.cluster.gpus_per_node, n, strategy, p)
+
+
+def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
+    """LoRA/QLoRA: frozen base weights + fp32 adapters with grads and Adam states.
+
+    Base bytes per weight follow what the worker loads: fp32 weights, which a DeepSpeed
+    engine casts to the 16-bit dtype (2 bytes) and DDP/FSDP keep (4 bytes, autocast does
+    the 16-bit math). QLoRA stores the decoder's linear weights in NF4
+    (QLORA_BYTES_PER_PARAM); prepare_model_for_kbit_training upcasts the rest (embeddings,
+    norms, lm_head) to fp32. ZeRO-3/FSDP partition the base over the GPUs (offload_param
+    moves it to the host); adapters are counted whole on every GPU
+    (ADAPTER_BYTES_PER_PARAM each), an over-estimate of a few MB.
+    """
+    psi = count_params(cfg.model)
+    p = param_bytes(cfg.precision.name) if strategy.backend == "deepspeed" else 4
+    if cfg.peft.bits == 4:
+        quantized = cfg.model.num_layers * layer_linear_params(cfg.model)
+        base = quantized * QLORA_BYTES_PER_PARAM + (psi - quantized) * p
+    else:
+        base = float(psi * p)
+    adapters = float(adapter_params(cfg) * ADAPTER_BYTES_PER_PARAM)
+    if effective_zero_stage(strategy) < 3:
+        return base + adapters, 0.0
+    if strategy.offload_param:
+        per_node = base * cfg.cluster.gpus_per_node / cfg.world_size
+        return adapters + 2 * p * largest_layer_params(cfg.model), per_node
+    return base / cfg.world_size + adapters, 0.0
+
+
+# ---------------------------------------------------------------- activations and buffers
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, scores: bool = True) -> float:
+    """Activation bytes one transformer layer stores in 16-bit (Korthikanti et al. 2022)."""
+    return s * b * h * (34 + (5 * a * s / h if scores else 0))
+
+
+def activation_bytes(cfg: RunConfig) -> float:
+    """Per-GPU activation memory of one micro batch at dataset.max_length (the same under
+    every strategy: none of them shards activations)."""
+    model = cfg.model
+    s, b = cfg.dataset.max_length, cfg.train.micro_batch_size
+    h, a, layers = model.hidden_size, model.num_heads, model.num_layers
+    scale = 2 if cfg.precision.name == "fp32" else 1  # the formula counts 16-bit elements
+    scores = gpu_preset(cfg.cluster.gpu).is_cpu  # SDPA/flash on GPU stores no s x s scores
+    one_layer = korthikanti_layer_bytes(s, b, h, a, scores)
+    if cfg.train.gradient_checkpointing:
+        layers_bytes = layers * 2 * s * b * h + one_layer
+    else:
+        layers_bytes = layers * one_layer
+    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[16 * scale]
+    return scale * layers_bytes + logits
+
+
+def framework_buffer_bytes(preset: GpuPreset) -> int:
+    return CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
+
+
+def device_memory_bytes(cfg: RunConfig) -> float:
+    """Memory one rank may use: the GPU's, or on gpu=cpu the host's share per process."""
+    preset = gpu_preset(cfg.cluster.gpu)
+    per_rank = preset.memory_gib / cfg.cluster.gpus_per_node if preset.is_cpu else preset.memory_gib
+    return per_rank * GIB
+
+
+def host_capacity_bytes(cfg: RunConfig) -> float | None:
+    """Host RAM per node, or None when cluster.host_memory_gib=0 (unknown: not checked)."""
+    gib = cfg.cluster.host_memory_gib
+    return gib * GIB if gib > 0 else None

@@ -1,0 +1,91 @@
+"""Tokenizer and model for one rank: from weights on disk or the hub, or built from the
+architecture numbers; 4-bit NF4 for QLoRA; LoRA adapters. Validation has already checked
+that the sources exist and that the combination is supported."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from launcher.hardware import gpu_preset
+from launcher.schema import RunConfig
+
+
+def load_tokenizer(cfg: RunConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # causal LMs often ship without one
+    return tokenizer
+
+
+def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
+    """From cfg.model.path (local dir or hub id), else from the architecture numbers."""
+    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+
+    set_seed(cfg.train.seed)  # identical initial weights on every rank
+    if cfg.peft.name == "qlora":
+        return load_quantized(cfg)
+    if cfg.model.path:
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
+    m = cfg.model
+    config = AutoConfig.for_model(
+        m.architecture,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        intermediate_size=m.intermediate_size,
+        vocab_size=max(m.vocab_size, len(tokenizer)),
+        max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+        rope_theta=m.rope_theta,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoModelForCausalLM.from_config(config, dtype=model_dtype(cfg))
+
+
+def model_dtype(cfg: RunConfig) -> torch.dtype:
+    """fp32 master weights (AMP and DeepSpeed cast for compute), except a frozen LoRA base,
+    which needs no master copy: it stays in bf16 when training in bf16."""
+    if cfg.peft.name == "lora" and cfg.precision.name == "bf16":
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_quantized(cfg: RunConfig) -> Any:
+    """QLoRA base: 4-bit NF4 weights (bitsandbytes) read from model.path."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    compute = torch.bfloat16 if cfg.precision.name == "bf16" else torch.float32
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+    )
+    device = "cpu" if gpu_preset(cfg.cluster.gpu).is_cpu else int(os.environ.get("LOCAL_RANK", 0))
+    return AutoModelForCausalLM.from_pretrained(
+        cfg.model.path, quantization_config=quant, device_map={"": device}
+    )
+
+
+def apply_peft(model: Any, cfg: RunConfig) -> Any:
+    if cfg.peft.name == "none":
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if cfg.peft.name == "qlora":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=cfg.train.gradient_checkpointing
+        )
+    lora = LoraConfig(
+        r=cfg.peft.r,
+        lora_alpha=cfg.peft.alpha,
+        lora_dropout=cfg.peft.dropout,
+        target_modules=list(cfg.peft.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)

@@ -1,0 +1,161 @@
+"""Checks that look beyond the RunConfig: this machine, its files, earlier launches.
+
+Part of the one validation stage (launcher/validate.py): each function returns problems,
+never raises, so every problem reaches the user in one message before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from launcher.schema import RunConfig
+
+HUB_HOST = "huggingface.co"
+
+
+def local_launch_problems(cfg: RunConfig) -> list[str]:
+    """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
+    cluster, problems = cfg.cluster, []
+    if cluster.scheduler != "none":
+        problems.append(
+            f"cluster={cluster.name}: `ftl train` runs on this machine, and this cluster "
+            f"uses the {cluster.scheduler} scheduler. Fix: `ftl submit cluster={cluster.name} "
+            "...` for a batch job, or cluster=local."
+        )
+        return problems
+    multi_node_ok = cluster.launcher == "deepspeed" and cluster.hostfile
+    if cluster.nodes > 1 and not multi_node_ok:
+        problems.append(
+            f"cluster.nodes={cluster.nodes} with cluster={cluster.name}: a local run uses this "
+            "machine only. Fix: cluster.nodes=1, `ftl submit cluster=slurm cluster.nodes="
+            f"{cluster.nodes}`, or cluster.launcher=deepspeed with cluster.hostfile=PATH."
+        )
+    if cluster.nodes > 1 and multi_node_ok:
+        problems += hostfile_problems(cluster.hostfile, cluster.nodes)
+    if cluster.gpu != "cpu" and shutil.which("nvidia-smi") is None:
+        problems.append(
+            f"cluster.gpu={cluster.gpu}: this machine has no NVIDIA GPU. Fix: "
+            "cluster.gpu=cpu to train here, or `ftl submit cluster=slurm ...` on a GPU cluster."
+        )
+    return problems + missing_sources(cfg) + unreadable_data(cfg)
+
+
+def hostfile_problems(path: str, nodes: int) -> list[str]:
+    """A DeepSpeed hostfile: `host slots=N` per line, at least `nodes` hosts."""
+    key = f"cluster.hostfile={path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        return [f"{key}: cannot be read ({error.strerror}). Fix: the path of a hostfile "
+                "with one `host slots=N` line per node."]
+    hosts, bad = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or \
+                not parts[1].removeprefix("slots=").isdigit():
+            bad.append(f"line {number} {line!r}")
+        else:
+            hosts.append(parts[0])
+    problems = [f"{key}: {where} is not `host slots=N`. Fix: one `host slots=N` per line."
+                for where in bad]
+    if not bad and len(hosts) < nodes:
+        problems.append(f"{key}: lists {len(hosts)} host(s), cluster.nodes={nodes}. "
+                        f"Fix: list {nodes} hosts or set cluster.nodes={len(hosts)}.")
+    return problems
+
+
+def missing_sources(cfg: RunConfig) -> list[str]:
+    sources = [
+        ("model.path", cfg.model.path),
+        ("model.tokenizer", cfg.model.tokenizer),
+        ("dataset.path", cfg.dataset.path),
+        ("dataset.eval_path", cfg.dataset.eval_path),
+    ]
+    remote = [(key, value) for key, value in sources if value and not Path(value).exists()]
+    if not remote or hub_reachable():
+        return []
+    return [
+        f"{key}={value}: not found on this machine, and the HF hub is unreachable from here. "
+        f"Fix: download it and set {key}=/local/path, or `ftl submit` where the hub is "
+        "reachable; `ftl plan` shows the plan without running it."
+        for key, value in remote
+    ]
+
+
+def unreadable_data(cfg: RunConfig) -> list[str]:
+    """Read local data files once here, so a bad file fails before any rank starts."""
+    import datasets
+
+    from launcher.data import load_records
+    from launcher.errors import ConfigError, DataError
+
+    datasets.disable_progress_bars()
+    problems = []
+    for key, path in (("dataset.path", cfg.dataset.path),
+                      ("dataset.eval_path", cfg.dataset.eval_path)):
+        if not path or not Path(path).is_file():
+            continue
+        try:
+            load_records(path, cfg.dataset.format)
+        except (DataError, ConfigError) as error:
+            problems.append(f"{key}={path}: {error}")
+    return problems
+
+
+def hub_reachable() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return False
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
+def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
+    """The checkpoint this launch would resume from must be loadable by this run."""
+    from launcher.checkpoints import checkpoint_world_size, is_complete
+
+    resume = cfg.run.resume
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        return [
+            f"run.resume={resume}: no such checkpoint directory. "
+            "Fix: run.resume=auto, run.resume=never, or the path of a checkpoint-N directory."
+        ]
+    if resume_from is None:
+        return []
+    if not is_complete(resume_from):
+        return [
+            f"run.resume={resume}: {resume_from} has no COMPLETE marker, so its save may not "
+            "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
+            "run, or run.resume=auto to take the latest complete one."
+        ]
+    written_by = checkpoint_world_size(resume_from)
+    if cfg.strategy.backend != "deepspeed" or written_by in (None, cfg.world_size):
+        return []
+    return [
+        f"run.resume={resume}: {resume_from} was written by {written_by} ranks, this run has "
+        f"{cfg.world_size}; DeepSpeed cannot load ZeRO partitions on another world size. Fix: "
+        f"run with {written_by} ranks (cluster.nodes x cluster.gpus_per_node), or "
+        "run.resume=never, or convert the checkpoint with DeepSpeed's ds_to_universal."
+    ]
+
+
+def resume_source(cfg: RunConfig) -> Path | None:
+    """What a new launch resumes from: run.resume=PATH, or with auto the newest complete
+    checkpoint of an earlier unfinished launch of the same run name."""
+    from launcher.checkpoints import latest_in_earlier_runs
+
+    resume = cfg.run.resume
+    if resume == "never":
+        return None
+    if resume != "auto":
+        path = Path(resume).expanduser()
+        return path.resolve() if path.is_dir() else None
+    return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)

@@ -1,0 +1,317 @@
+"""Configuration rules: pure functions of a RunConfig, each returning its problems.
+
+Each message names the key as typed on the command line, its value, and the fix. The one
+validation stage (launcher/validate.py) runs them together with the machine and scheduler
+checks and reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.hardware import GPU_PRESETS
+from launcher.scheduler import SCHEDULERS
+from launcher.schema import RunConfig
+from launcher.strategies import BACKENDS, strategy_table
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision.name": ("fp32", "fp16", "bf16"),
+    "strategy.backend": BACKENDS,
+    "cluster.scheduler": ("none", *SCHEDULERS),
+    "cluster.launcher": ("torchrun", "deepspeed"),
+    "cluster.gpu": tuple(GPU_PRESETS),
+    "peft.name": ("none", "lora", "qlora"),
+    "dataset.format": ("alpaca", "sharegpt", "text"),
+    "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
+}
+
+Rule = Callable[[RunConfig], list[str]]
+
+
+def config_problems(cfg: RunConfig) -> list[str]:
+    """Rules on the values as given (strategy=auto not yet resolved)."""
+    rules: list[Rule] = [
+        _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
+    ]
+    return [problem for rule in rules for problem in rule(cfg)]
+
+
+def strategy_problems(cfg: RunConfig) -> list[str]:
+    """Rules on the strategy the run will use (after strategy=auto is resolved)."""
+    rules: list[Rule] = [_strategy, _peft]
+    return [problem for rule in rules for problem in rule(cfg)]
+
+
+def _get(cfg: RunConfig, dotted: str) -> object:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def _choices(cfg: RunConfig) -> list[str]:
+    problems = []
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
+    table = strategy_table()
+    if cfg.strategy.name not in table:
+        problems.append(
+            f"strategy.name={cfg.strategy.name}: no configs/strategy/{cfg.strategy.name}.yaml. "
+            f"Fix: strategy=NAME with one of {', '.join(table)}."
+        )
+    return problems
+
+
+POSITIVE = (
+    "cluster.nodes", "cluster.gpus_per_node", "train.micro_batch_size", "train.grad_accum",
+    "train.lr", "train.save_steps", "train.logging_steps", "dataset.max_length", "train.mfu",
+)
+
+
+def _positive(cfg: RunConfig) -> list[str]:
+    problems = [
+        f"{key}={_get(cfg, key)}: must be greater than 0. Fix: set {key} to a positive value."
+        for key in POSITIVE
+        if _get(cfg, key) <= 0  # type: ignore[operator]
+    ]
+    train = cfg.train
+    if train.max_steps == 0 or train.max_steps < -1:
+        problems.append(
+            f"train.max_steps={train.max_steps}: must be a positive step count, or -1 to run "
+            "train.epochs epochs. Fix: e.g. train.max_steps=1000."
+        )
+    if train.max_steps == -1 and train.epochs <= 0:
+        problems.append(
+            f"train.epochs={train.epochs}: must be greater than 0 when train.max_steps=-1. "
+            "Fix: train.epochs=1 or set train.max_steps."
+        )
+    if train.eval_steps < 0:
+        problems.append(f"train.eval_steps={train.eval_steps}: must be >= 0 (0: at the end).")
+    if not 0 <= train.warmup_ratio < 1:
+        problems.append(f"train.warmup_ratio={train.warmup_ratio}: must be in [0, 1).")
+    if train.mfu > 1:
+        problems.append(f"train.mfu={train.mfu}: a utilisation in (0, 1]. Fix: e.g. 0.4.")
+    if not 0 < cfg.cluster.master_port < 65536:
+        problems.append(f"cluster.master_port={cfg.cluster.master_port}: not a TCP port.")
+    return problems
+
+
+def _precision(cfg: RunConfig) -> list[str]:
+    name, gpu = cfg.precision.name, cfg.cluster.gpu
+    preset = GPU_PRESETS.get(gpu)
+    if preset is None:
+        return []
+    if name == "fp16" and not preset.supports_fp16:
+        where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
+        return [
+            f"precision=fp16: {where} cannot run fp16 mixed precision. "
+            "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."
+        ]
+    if name == "bf16" and not preset.supports_bf16:
+        return [
+            f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
+            "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."
+        ]
+    return []
+
+
+def _strategy(cfg: RunConfig) -> list[str]:
+    strategy, problems = cfg.strategy, []
+    backend, stage = strategy.backend, strategy.zero_stage
+    if backend == "deepspeed" and stage not in (1, 2, 3):
+        problems.append(
+            f"strategy.zero_stage={stage}: DeepSpeed strategies use ZeRO stage 1, 2 or 3. "
+            "Fix: strategy=zero1|zero2|zero3, or strategy=ddp for no sharding."
+        )
+    if backend in ("ddp", "fsdp") and stage != 0:
+        problems.append(
+            f"strategy.zero_stage={stage} with strategy={strategy.name} ({backend}): ZeRO stages "
+            f"apply to DeepSpeed only. Fix: strategy=zero{stage} or strategy.zero_stage=0."
+        )
+    if strategy.offload_param and backend == "deepspeed" and stage != 3:
+        problems.append(
+            f"strategy.offload_param=true with ZeRO stage {stage}: parameter offload needs "
+            "ZeRO-3. Fix: strategy=zero3_offload, or strategy.offload_param=false."
+        )
+    if backend == "ddp" and (strategy.offload_param or strategy.offload_optimizer):
+        problems.append(
+            "strategy=ddp with offload: DDP keeps everything on the GPU. "
+            "Fix: strategy=zero2_offload, zero3_offload or fsdp_offload."
+        )
+    if backend == "fsdp" and strategy.offload_param != strategy.offload_optimizer:
+        # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together.
+        problems.append(
+            f"strategy.offload_param={_yaml(strategy.offload_param)} and "
+            f"strategy.offload_optimizer={_yaml(strategy.offload_optimizer)} with "
+            f"strategy={strategy.name}: FSDP offloads parameters and optimizer state together. "
+            "Fix: set both the same (strategy=fsdp_offload sets both true)."
+        )
+    if backend == "fsdp" and cfg.cluster.launcher == "deepspeed":
+        problems.append(
+            f"strategy={strategy.name} with cluster.launcher=deepspeed: FSDP is started by "
+            "torchrun, not the deepspeed launcher. Fix: cluster.launcher=torchrun."
+        )
+    return problems
+
+
+def _batch(cfg: RunConfig) -> list[str]:
+    train, requested = cfg.train, cfg.train.global_batch_size
+    if requested is None or min(train.micro_batch_size, train.grad_accum, cfg.world_size) <= 0:
+        return []
+    actual = train.micro_batch_size * train.grad_accum * cfg.world_size
+    if requested == actual:
+        return []
+    per_step = train.micro_batch_size * cfg.world_size
+    fix = (
+        f"train.grad_accum={requested // per_step}"
+        if requested % per_step == 0
+        else "a train.global_batch_size divisible by train.micro_batch_size x world size "
+        f"({per_step})"
+    )
+    return [
+        f"train.global_batch_size={requested}: train.micro_batch_size x train.grad_accum x "
+        f"world size (cluster.nodes x cluster.gpus_per_node) = {train.micro_batch_size} x "
+        f"{train.grad_accum} x {cfg.world_size} = {actual}. Fix: {fix}."
+    ]
+
+
+def _model(cfg: RunConfig) -> list[str]:
+    model, problems = cfg.model, []
+    if model.num_heads <= 0 or model.hidden_size % model.num_heads:
+        problems.append(
+            f"model.num_heads={model.num_heads}: must divide model.hidden_size="
+            f"{model.hidden_size}. Fix: correct the model's architecture numbers."
+        )
+    if model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1):
+        problems.append(
+            f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
+            f"{model.num_heads}. Fix: correct the model's architecture numbers."
+        )
+    if not model.tokenizer and not model.path:
+        problems.append(
+            f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
+            "Fix: set model.tokenizer to a tokenizer directory or hub id."
+        )
+    if cfg.dataset.max_length > model.max_position_embeddings:
+        problems.append(
+            f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
+            f"model.max_position_embeddings={model.max_position_embeddings}. "
+            f"Fix: dataset.max_length={model.max_position_embeddings} or less."
+        )
+    return problems
+
+
+def _peft(cfg: RunConfig) -> list[str]:
+    peft, problems = cfg.peft, []
+    if peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0):
+        problems.append(f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive.")
+    if peft.name == "lora" and peft.bits != 16:
+        problems.append(
+            f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
+            "Fix: peft.bits=16, or peft=qlora for a 4-bit base."
+        )
+    if peft.name == "qlora" and peft.bits != 4:
+        problems.append(
+            f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
+            "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."
+        )
+    if peft.name == "qlora" and not cfg.model.path:
+        problems.append(
+            f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
+            "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."
+        )
+    if peft.name == "qlora" and (cfg.strategy.backend == "fsdp" or cfg.strategy.zero_stage == 3):
+        problems.append(
+            f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
+            "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
+        )
+    return problems + _qlora_on_cpu(cfg)
+
+
+QLORA_CPU_BLOCK = 64
+"""bitsandbytes' CPU 4-bit kernel needs every quantized layer's sizes in whole blocks."""
+
+
+def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
+    preset = GPU_PRESETS.get(cfg.cluster.gpu)
+    if cfg.peft.name != "qlora" or preset is None or not preset.is_cpu:
+        return []
+    sizes = {"model.hidden_size": cfg.model.hidden_size,
+             "model.intermediate_size": cfg.model.intermediate_size}
+    return [
+        f"{key}={value} with peft=qlora on cluster.gpu=cpu: bitsandbytes' CPU 4-bit kernel "
+        f"needs layer sizes divisible by {QLORA_CPU_BLOCK}. Fix: a model whose sizes are, "
+        "peft=lora, or a GPU preset."
+        for key, value in sizes.items()
+        if value % QLORA_CPU_BLOCK
+    ]
+
+
+def _multi_node(cfg: RunConfig) -> list[str]:
+    cluster = cfg.cluster
+    if cluster.scheduler != "none" or cluster.nodes == 1 or cluster.launcher != "deepspeed":
+        return []
+    if cluster.hostfile:
+        return []
+    return [
+        f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
+        f"cluster={cluster.name}: deepspeed needs a hostfile naming the nodes. "
+        "Fix: cluster.hostfile=PATH (lines like `worker-1 slots=8`), or cluster=slurm."
+    ]
+
+
+def _eval(cfg: RunConfig) -> list[str]:
+    data, train, problems = cfg.dataset, cfg.train, []
+    if not 0 <= data.eval_fraction < 1:
+        problems.append(
+            f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
+            "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."
+        )
+    no_eval_set = not data.eval_path and data.eval_fraction == 0
+    asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
+    asked += ["train.eval_on_start=true"] if train.eval_on_start else []
+    if no_eval_set and asked:
+        problems.append(
+            f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
+            "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
+            "or train.eval_steps=0 train.eval_on_start=false to train without evaluation."
+        )
+    return problems
+
+
+def _callbacks(cfg: RunConfig) -> list[str]:
+    problems = []
+    for index, spec in enumerate(cfg.train.callbacks):
+        target = spec.get("_target_") if isinstance(spec, dict) else None
+        key = f"train.callbacks[{index}]"
+        if not isinstance(target, str) or "." not in target:
+            problems.append(
+                f"{key}={spec}: needs _target_: module.Class. "
+                "Fix: e.g. {_target_: mypkg.callbacks.MyCallback, some_arg: 1}."
+            )
+        elif not _module_exists(target.rsplit(".", 1)[0]):
+            problems.append(
+                f"{key}._target_={target}: module {target.rsplit('.', 1)[0]} is not importable "
+                "here (the ranks start in this directory). Fix: check the dotted path."
+            )
+    return problems
+
+
+def _module_exists(module: str) -> bool:
+    """Importable from the installed packages, or as a file under the working directory
+    (the ranks run `python -m launcher.worker` from it, which puts it on sys.path)."""
+    relative = Path(*module.split("."))
+    if (Path.cwd() / relative.with_suffix(".py")).is_file():
+        return True
+    if (Path.cwd() / relative / "__init__.py").is_file():
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _yaml(value: bool) -> str:
+    return "true" if value else "false"

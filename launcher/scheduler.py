@@ -1,0 +1,69 @@
+"""The seam for batch schedulers: what `ftl submit`, `ftl status` and `ftl cancel` need.
+
+A scheduler is one module with one class implementing `Scheduler`, registered by name in
+SCHEDULERS (imported lazily, so `ftl plan` loads none of them). `cluster.scheduler` picks
+it; its own settings live in its own config section (Slurm: `cluster.slurm.*`). Slurm is
+the first implementation (launcher/slurm.py); PBS, LSF or Kubernetes would each be one
+more module here, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from launcher.command import Launch
+from launcher.schema import RunConfig
+
+SCHEDULERS: dict[str, str] = {
+    "slurm": "launcher.slurm:SlurmScheduler",
+}
+"""cluster.scheduler value -> "module:Class"."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a scheduler says about a job, in its own words where they differ."""
+
+    job_id: str
+    state: str
+    """e.g. PENDING, RUNNING, COMPLETED, FAILED, CANCELLED."""
+    exit_code: str = "?"
+    restarts: str = "0"
+    run_time: str = "?"
+    nodes: str = "?"
+    reason: str = "None"
+    script: Path | None = None
+    """The batch script the job runs; its directory is the run dir."""
+
+
+class Scheduler(Protocol):
+    name: str
+
+    def problems(self, cfg: RunConfig) -> list[str]:
+        """Rules for a batch job on this scheduler, each naming key, value and fix."""
+        ...
+
+    def render(
+        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
+    ) -> str:
+        """The batch script's text (pure). tool_dir: prepended to PATH in the job."""
+        ...
+
+    def submit(self, script: Path) -> str:
+        """Submit the script; return the job id. A refusal is a ConfigError."""
+        ...
+
+    def status(self, job_id: str) -> JobInfo | None:
+        """None when the scheduler does not (or no longer) know the job."""
+        ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+
+def get_scheduler(name: str) -> Scheduler:
+    module_name, class_name = SCHEDULERS[name].split(":")
+    scheduler: Scheduler = getattr(importlib.import_module(module_name), class_name)()
+    return scheduler

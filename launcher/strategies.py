@@ -1,0 +1,60 @@
+"""The strategy table: configs/strategy/*.yaml, the one list of strategies.
+
+The estimator, `strategy=auto`, the ds_config generator and validation all read it, so a
+new strategy is a new YAML file (plus code only when it needs a new backend). Each file is
+merged into the typed StrategyConfig, exactly as Hydra does when it composes `strategy=`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launcher.schema import StrategyConfig
+
+BACKENDS: tuple[str, ...] = ("ddp", "deepspeed", "fsdp", "auto")
+
+
+def strategy_table(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+    """name -> settings of every strategy in configs/strategy/ (auto included)."""
+    from launcher.compose import config_dir as default_config_dir
+
+    return dict(_load(config_dir or default_config_dir()))
+
+
+@cache
+def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
+    table = []
+    for path in sorted((config_dir / "strategy").glob("*.yaml")):
+        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(path))
+        settings = OmegaConf.to_object(merged)
+        assert isinstance(settings, StrategyConfig)
+        table.append((settings.name, settings))
+    return tuple(table)
+
+
+def concrete_strategies(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+    """Every strategy a run can use (not `auto`, which resolves to one of them)."""
+    return {n: s for n, s in strategy_table(config_dir).items() if s.backend != "auto"}
+
+
+def deepspeed_strategies(config_dir: Path | None = None) -> tuple[str, ...]:
+    return tuple(n for n, s in strategy_table(config_dir).items() if s.backend == "deepspeed")
+
+
+def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[str, ...]:
+    """strategy=auto's candidates, fastest first: ddp plus the strategies of one sharding
+    backend (deepspeed by default; fsdp when asked with strategy.backend=fsdp)."""
+    family = "fsdp" if sharding_backend == "fsdp" else "deepspeed"
+    ranked = [
+        s for s in concrete_strategies(config_dir).values()
+        if s.auto_rank >= 0 and s.backend in ("ddp", family)
+    ]
+    return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
+
+
+def effective_zero_stage(strategy: StrategyConfig) -> int:
+    """The ZeRO stage a strategy's memory behaves like: FSDP shards everything (stage 3)."""
+    return 3 if strategy.backend == "fsdp" else strategy.zero_stage

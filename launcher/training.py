@@ -1,0 +1,165 @@
+"""One rank's Trainer: distributed state, TrainingArguments from the run dir, callbacks.
+
+The CPU workarounds are the ones measured in docs/stack-notes.md; each says why where it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from launcher.rundir import RunDir
+from launcher.schema import RunConfig
+
+
+def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
+    """Pre-configure accelerate where its own detection is wrong on CPU.
+
+    Returns the TrainingArguments accelerator_config. On GPUs accelerate gets it right.
+    """
+    backend = cfg.strategy.backend
+    if not on_cpu or backend == "ddp":
+        return {}  # ddp on CPU: use_cpu=True + gloo is detected correctly
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    if backend == "deepspeed":
+        # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
+        # as a single process (unsharded data or a train_batch_size assertion).
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        PartialState(backend="gloo")
+    else:
+        # fsdp: with use_cpu accelerate picks MULTI_CPU and silently ignores FSDP (plain
+        # DDP). Claiming MULTI_GPU makes it apply FSDP2 (fully_shard) over gloo on CPU.
+        state = PartialState(cpu=True, backend="gloo")
+        state.distributed_type = DistributedType.MULTI_GPU
+    return {"use_configured_state": True}
+
+
+def training_arguments(
+    cfg: RunConfig, run_dir: RunDir, on_cpu: bool, accelerator_config: dict[str, Any],
+    resuming: bool,
+) -> Any:
+    from transformers import TrainingArguments
+
+    t, backend = cfg.train, cfg.strategy.backend
+    bf16, fp16 = cfg.precision.name == "bf16", cfg.precision.name == "fp16"
+    # bf16 + DeepSpeed on CPU: TrainingArguments(bf16=True) refuses CPU without use_cpu, and
+    # bf16 only in the ds_config is a Trainer mismatch; both are switched on afterwards.
+    late_bf16 = bf16 and on_cpu and backend == "deepspeed"
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir.tensorboard))
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(run_dir.checkpoints),
+        per_device_train_batch_size=t.micro_batch_size,
+        per_device_eval_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        max_steps=t.max_steps,
+        num_train_epochs=t.epochs,
+        learning_rate=t.lr,
+        warmup_steps=t.warmup_ratio,  # transformers 5: a float < 1 is a ratio
+        lr_scheduler_type=t.lr_scheduler,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_epsilon,
+        max_grad_norm=t.max_grad_norm,
+        save_strategy="steps" if t.save_steps > 0 else "no",
+        save_steps=max(t.save_steps, 1),
+        logging_steps=t.logging_steps,
+        eval_strategy="steps" if t.eval_steps > 0 else "no",
+        eval_steps=t.eval_steps if t.eval_steps > 0 else None,
+        # A resumed launch continues a run whose start was evaluated already.
+        eval_on_start=t.eval_on_start and not resuming,
+        seed=t.seed,
+        data_seed=t.seed,
+        # Under FSDP, fsdp_config.activation_checkpointing does it (launcher/fsdp.py).
+        activation_checkpointing=t.gradient_checkpointing and backend != "fsdp",
+        bf16=bf16 and not late_bf16,
+        fp16=fp16,
+        report_to=["tensorboard"] if _has_tensorboard() else "none",
+        include_num_input_tokens_seen="all",
+        accelerator_config=accelerator_config or None,
+        ddp_find_unused_parameters=False,
+        disable_tqdm=True,  # MetricsCallback prints one progress line per log event
+    )
+    if on_cpu:
+        kwargs.update(
+            use_cpu=backend != "deepspeed",
+            ddp_backend="gloo",
+            optim="adamw_torch",
+            dataloader_pin_memory=False,  # pinning needs an accelerator
+        )
+    if backend == "deepspeed":
+        kwargs["deepspeed"] = _ds_config(run_dir, disable_bf16=late_bf16)
+    elif backend == "fsdp":
+        kwargs.update(json.loads(run_dir.fsdp.read_text()))
+    args = TrainingArguments(**kwargs)
+    if late_bf16:
+        args.bf16 = True
+        args.hf_deepspeed_config.config["bf16"] = {"enabled": True}
+        args.hf_deepspeed_config._dtype = torch.bfloat16
+    if backend == "fsdp":
+        from launcher.fsdp import fsdp_plugin_overrides
+
+        # e.g. CPUOffloadPolicy(pin_memory=False): the default pins memory, needing a GPU.
+        args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))
+    return args
+
+
+def _ds_config(run_dir: RunDir, disable_bf16: bool) -> str | dict[str, Any]:
+    if not disable_bf16:
+        return str(run_dir.ds_config)
+    config = json.loads(run_dir.ds_config.read_text())
+    config["bf16"] = {"enabled": False}
+    return config
+
+
+def _has_tensorboard() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_trainer(
+    cfg: RunConfig, run_dir: RunDir, args: Any, model: Any, tokenizer: Any, datasets: tuple,
+    resume: str | None,
+) -> Any:
+    """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
+    from transformers import PrinterCallback, Trainer
+
+    from launcher.callbacks import CheckpointCallback, MetricsCallback
+    from launcher.data import collator
+    from launcher.preempt import PreemptCallback
+
+    plan = json.loads(run_dir.plan.read_text())
+    metrics = MetricsCallback(
+        run_dir, plan["flops_per_token"], plan["peak_flops_per_device"], resume
+    )
+    train_ds, eval_ds = datasets
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=collator(tokenizer),
+        processing_class=tokenizer,
+        callbacks=[CheckpointCallback(), PreemptCallback(run_dir), *injected_callbacks(cfg)],
+    )
+    trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
+    # First in line: the fields it adds to each log reach TensorBoard and metrics.jsonl.
+    trainer.callback_handler.callbacks.insert(0, metrics)
+    return trainer
+
+
+def injected_callbacks(cfg: RunConfig) -> list[Any]:
+    """train.callbacks: {_target_: module.Class, **kwargs} each, built like Hydra does."""
+    if not cfg.train.callbacks:
+        return []
+    from hydra.utils import instantiate
+
+    return [instantiate(dict(spec)) for spec in cfg.train.callbacks]
