@@ -28,7 +28,7 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
 
 On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
 the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
-(STACK-NOTES: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block.
+(docs/stack-notes.md: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block.
 
 This module must not import torch or deepspeed: `ftl plan` and `ftl ds-config` use it.
 """

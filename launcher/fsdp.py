@@ -15,7 +15,7 @@ Keys checked against the installed sources, transformers 5.24
   Trainer builds `FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`.
 
 CPU offload: `cpu_offload: true` becomes accelerate's `CPUOffloadPolicy()`, whose
-pin_memory=True fails without a GPU (STACK-NOTES). `fsdp_plugin_overrides` gives the worker
+pin_memory=True fails without a GPU (docs/stack-notes.md). `fsdp_plugin_overrides` gives the worker
 what to put into `args.fsdp_plugin_args` before building the Trainer.
 
 `build_fsdp_settings` is pure and imports nothing heavy (the plan path uses it).

@@ -19,7 +19,6 @@ from launcher.strategies import BACKENDS, strategy_table
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": ("fp32", "fp16", "bf16"),
     "strategy.backend": BACKENDS,
-    "cluster.scheduler": ("none", *SCHEDULERS),
     "cluster.launcher": ("torchrun", "deepspeed"),
     "cluster.gpu": tuple(GPU_PRESETS),
     "peft.name": ("none", "lora", "qlora"),
@@ -55,6 +54,12 @@ def _choices(cfg: RunConfig) -> list[str]:
         value = _get(cfg, key)
         if value not in allowed:
             problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
+    schedulers = ("none", *SCHEDULERS)  # read now: a scheduler may register after import
+    if cfg.cluster.scheduler not in schedulers:
+        problems.append(
+            f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
+            "Fix: pick one."
+        )
     table = strategy_table()
     if cfg.strategy.name not in table:
         problems.append(

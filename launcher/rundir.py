@@ -54,6 +54,7 @@ RANK_METRICS = "metrics"
 RESULT = "result.json"
 TENSORBOARD = "tensorboard"
 LOGS = "logs"
+PROBES = "probes"
 
 
 def job_script_name(scheduler: str) -> str:

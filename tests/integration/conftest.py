@@ -15,18 +15,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from runs import Run, train  # noqa: E402
+from runs import RUN_TIMES, Run, train  # noqa: E402
 
 from launcher.compose import PROJECT_ROOT  # noqa: E402
-
-RUN_TIMES: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
 def bundled_assets() -> None:
     for needed in ("assets/tokenizer", "data/arith/train.jsonl", "data/arith/eval.jsonl"):
         if not (PROJECT_ROOT / needed).exists():
-            pytest.skip(f"{needed} is missing (make data)")
+            pytest.fail(f"{needed} is missing from the checkout (make data)")
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +34,13 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained(runs_root: Path) -> Callable[..., Run]:
-    """trained(name, overrides, env=None) -> Run: launches once per name per session."""
+    """trained(name, overrides) -> Run: launches once per name per session, so tests that
+    need the same run (e.g. a reference for resume) share it."""
     cache: dict[str, Run] = {}
 
-    def get(name: str, overrides: list[str], env: dict[str, str] | None = None) -> Run:
+    def get(name: str, overrides: list[str]) -> Run:
         if name not in cache:
-            cache[name] = train(runs_root / name, overrides, env)
+            cache[name] = train(runs_root, name, overrides)
             RUN_TIMES[name] = cache[name].seconds
         return cache[name]
 

@@ -21,12 +21,14 @@ import torch
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from launcher.rundir import PROBES, of_checkpoints_dir
+
 LOGITS_SEED = 1234  # the fixed batch whose logits the saved model must reproduce
 
 
 def probes_dir(args: TrainingArguments) -> Path:
     """RUN_DIR/probes (the Trainer's output_dir is RUN_DIR/checkpoints)."""
-    out = Path(args.output_dir).parent / "probes"
+    out = of_checkpoints_dir(args.output_dir) / PROBES
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -1,28 +1,29 @@
-"""Real multi-process runs for the integration tests: write a run dir, launch, read results.
+"""Real multi-process runs for the integration tests, through the launcher's own path:
+compose -> validate(target="train") -> planner -> atomic run dir (launcher.launch.prepare),
+then the run dir's own command (torchrun or deepspeed) starts the ranks.
 
-The run dir follows the launcher's contract (config.yaml, ds_config.json / fsdp.json) and is
-built from the same pure builders `ftl train` uses; the command comes from
-launcher.command.build_launch, so the tests exercise the real argv of both launchers.
+Evidence comes from probes the tests inject with `train.callbacks`
+(tests/integration/probes.py), never from the worker itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import torch
 
-from launcher.command import build_launch
-from launcher.compose import PROJECT_ROOT, compose_config
-from launcher.ds_config import build_ds_config
-from launcher.fsdp import build_fsdp_settings
+from launcher.compose import PROJECT_ROOT
+from launcher.launch import Prepared, prepare
+from launcher.planner import resolve_tool
+from launcher.rundir import PROBES, RunDir
 
 # A few optimizer steps of the tiny Llama on the bundled data: long enough for the loss to
 # fall, short enough that the whole suite fits CI's budget on 2 cores.
@@ -35,11 +36,24 @@ FAST_TRAIN = [
     "train.lr_scheduler=constant",
     "train.logging_steps=1",
     "train.save_steps=4",
-    "train.eval_steps=0",  # evaluate at the start and the end only
+    "train.eval_steps=0",  # evaluate at the start (eval_on_start) and at the end only
+    "train.eval_on_start=true",
     "train.epochs=1",
     "cluster.gpus_per_node=2",
 ]
 RUN_TIMEOUT_S = 600
+RUN_TIMES: dict[str, float] = {}
+"""name -> wall seconds of each run, printed at the end of the session."""
+EVIDENCE = ("ShardingProbe", "LogitsProbe", "WrapperProbe", "PrecisionProbe", "PartitionProbe")
+
+
+def callbacks(*probes: str, **stop: int) -> str:
+    """The train.callbacks override for probes of tests/integration/probes.py; `stop=N`
+    adds StopAfterStep(N)."""
+    specs = [f"{{_target_:tests.integration.probes.{name}}}" for name in probes]
+    specs += [f"{{_target_:tests.integration.probes.StopAfterStep,step:{n}}}"
+              for n in stop.values()]
+    return f"train.callbacks=[{','.join(specs)}]"
 
 
 @dataclass
@@ -51,15 +65,27 @@ class Run:
 
     @property
     def result(self) -> dict[str, Any]:
-        return json.loads((self.run_dir / "result.json").read_text())
+        return json.loads(RunDir(self.run_dir).result.read_text())
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "metrics.jsonl"
+        path = RunDir(self.run_dir).metrics
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def train_losses(self) -> dict[int, float]:
-        """step -> train loss (a resumed run appends; later lines win)."""
+        """step -> train loss of this run dir (each step must be logged once)."""
+        steps = [m["step"] for m in self.metrics() if "loss" in m]
+        assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
         return {m["step"]: m["loss"] for m in self.metrics() if "loss" in m}
+
+    def launches(self) -> list[dict[str, Any]]:
+        path = RunDir(self.run_dir).launches
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def probe(self, name: str, rank: int) -> dict[str, Any]:
+        return json.loads((self.run_dir / PROBES / f"{name}-rank{rank}.json").read_text())
+
+    def logits(self) -> dict[str, torch.Tensor]:
+        return torch.load(self.run_dir / PROBES / "logits.pt")
 
 
 def free_port() -> int:
@@ -68,49 +94,38 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def write_run_dir(run_dir: Path, overrides: list[str]) -> Any:
-    """The files `ftl train` writes before launching (the contract a rank reads)."""
-    cfg = compose_config([*overrides, f"run.output_dir={run_dir.parent}"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    if cfg.strategy.backend == "deepspeed":
-        (run_dir / "ds_config.json").write_text(json.dumps(build_ds_config(cfg), indent=2))
-    if cfg.strategy.backend == "fsdp":
-        (run_dir / "fsdp.json").write_text(json.dumps(build_fsdp_settings(cfg), indent=2))
-    return cfg
+def plan_run(root: Path, name: str, overrides: list[str]) -> Prepared:
+    """The run dir `ftl train` would write: root/name/<timestamp>. Planned from the
+    project root, where the ranks start (the probes' module is checked from there)."""
+    with contextlib.chdir(PROJECT_ROOT):
+        return prepare(
+            [*FAST_TRAIN, f"cluster.master_port={free_port()}", f"run.output_dir={root}",
+             f"run.name={name}", *overrides],
+            "train",
+        )
 
 
-def launch(run_dir: Path, extra_env: dict[str, str] | None = None) -> Run:
-    """Start the ranks with the launcher's own argv and wait; output captured."""
-    cfg = compose_config_from(run_dir)
-    spec = build_launch(cfg, str(run_dir))
-    tool = Path(sys.executable).parent / spec.argv[0]
-    argv = [str(tool) if tool.exists() else spec.argv[0], *spec.argv[1:]]
-    env = {**os.environ, **spec.env, **(extra_env or {})}
+def launch(prepared: Prepared) -> Run:
+    """Start the ranks with the run dir's own argv and wait; output captured. The ranks
+    start in the project root, so the injected probes import as tests.integration.probes."""
+    env = {**os.environ, **prepared.launch.env}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     start = time.monotonic()
     proc = subprocess.run(
-        argv, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        resolve_tool(prepared.launch.argv), cwd=PROJECT_ROOT, env=env, capture_output=True,
+        text=True, timeout=RUN_TIMEOUT_S,
     )
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
-    (run_dir / "launcher-output.txt").write_text(output)
-    return Run(run_dir, proc.returncode, seconds, output)
+    (prepared.run_dir / "launcher-output.txt").write_text(output)
+    return Run(prepared.run_dir, proc.returncode, seconds, output)
 
 
-def compose_config_from(run_dir: Path) -> Any:
-    from launcher.compose import to_run_config
-
-    return to_run_config(OmegaConf.load(run_dir / "config.yaml"))
-
-
-def train(run_dir: Path, overrides: list[str], extra_env: dict[str, str] | None = None) -> Run:
-    write_run_dir(run_dir, [*FAST_TRAIN, f"cluster.master_port={free_port()}", *overrides])
-    return launch(run_dir, extra_env)
+def train(root: Path, name: str, overrides: list[str]) -> Run:
+    return launch(plan_run(root, name, overrides))
 
 
 def describe_failure(run: Run) -> str:
-    errors = sorted((run.run_dir / "logs").glob("rank*.error"))
+    errors = sorted(RunDir(run.run_dir).logs.glob("rank*.error"))
     texts = [f"--- {e.name}\n{e.read_text()[-3000:]}" for e in errors]
     return f"rc={run.returncode}\n{run.output[-4000:]}\n" + "\n".join(texts)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +13,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.integration.runs import FAST_TRAIN
+from launcher.compose import PROJECT_ROOT
+from tests.integration.runs import FAST_TRAIN, callbacks
 
 pytestmark = pytest.mark.slow
 
 
 def ftl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, cwd=PROJECT_ROOT)
 
 
 def only_run_dir(output_dir: Path) -> Path:
@@ -35,6 +35,12 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert f"Model: {run_dir / 'model'}" in done.stdout
+    # A real run collects no test evidence: no probes, a short result of what a user needs.
+    assert not (run_dir / "probes").exists()
+    assert set(json.loads((run_dir / "result.json").read_text())) == {
+        "global_step", "world_size", "resumed_from", "start_step", "first_train_loss",
+        "final_train_loss", "first_eval_loss", "final_eval_loss", "tokens_seen", "model_dir",
+    }
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     assert isinstance(model, torch.nn.Module)
 
@@ -69,9 +75,7 @@ def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
 
 def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
     overrides = ["strategy=ddp", *FAST_TRAIN, f"run.output_dir={tmp_path}"]
-    first = subprocess.run([sys.executable, "-m", "launcher", "train", *overrides],
-                           capture_output=True, text=True, timeout=900,
-                           env={**os.environ, "FTL_STOP_AFTER_STEP": "4"})
+    first = ftl("train", *overrides, callbacks(stop=4))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "stopped before the last step" in first.stdout
     first_dir = only_run_dir(tmp_path)
@@ -84,9 +88,19 @@ def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
     assert (second_dir / "resume_from").read_text().strip() == str(checkpoint)
     result = json.loads((second_dir / "result.json").read_text())
     assert result["resumed_from"] == str(checkpoint) and result["global_step"] == 8
+    assert result["start_step"] == 4
 
     third = ftl("train", *overrides)  # the run finished: the same command trains anew
     assert third.returncode == 0, third.stderr[-3000:]
     third_dir = max(p for p in tmp_path.glob("*/*"))
     assert not (third_dir / "resume_from").exists()
     assert json.loads((third_dir / "result.json").read_text())["resumed_from"] is None
+
+
+def test_a_run_without_an_eval_set_trains_and_finishes(tmp_path: Path) -> None:
+    done = ftl("train", *FAST_TRAIN, "train.max_steps=2", "train.save_steps=2",
+               "train.eval_on_start=false", "dataset.eval_path=", "dataset.eval_fraction=0",
+               f"run.output_dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((only_run_dir(tmp_path) / "result.json").read_text())
+    assert result["global_step"] == 2 and result["final_eval_loss"] is None

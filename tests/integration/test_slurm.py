@@ -4,12 +4,14 @@ Each job trains the tiny Llama for a few steps through the real path: `ftl submi
 writes the run dir and job.sbatch, `sbatch --parsable` submits it, srun starts torchrun or
 deepspeed on each node, the ranks run launcher.worker. Nothing is mocked.
 
-Skipped only when this machine has no Slurm client (`sinfo`); CI brings the cluster up
+Skipped only when this machine has no Slurm client (`sinfo`), and under CI a skip fails
+the run (tests/conftest.py); CI brings the cluster up
 with `scripts/slurm-local.sh up` first (and this module does too, as root, if it is down).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 
 from launcher.slurm import scancel, show_job
-from launcher.submit import cancel, check_jobs, status, submit_one, with_slurm_default
+from launcher.submit import cancel, status, submit_one, with_slurm_default
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +48,8 @@ TINY = [
     "train.lr_scheduler=constant",
     "train.logging_steps=1",
     "train.save_steps=1000",
-    "cluster.time=15",
-    "cluster.signal_grace_s=60",
+    "cluster.slurm.time=15",
+    "cluster.slurm.signal_grace_s=60",
 ]
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE"}
@@ -101,9 +103,9 @@ def slurm() -> None:
 
 
 def submit_job(overrides: list[str]) -> Job:
+    """`ftl submit`'s own path, from the project root (where the job's ranks start)."""
     job = with_slurm_default([*overrides, f"cluster.master_port={free_port()}"])
-    check_jobs([job])
-    with redirect_stdout(StringIO()):
+    with redirect_stdout(StringIO()), contextlib.chdir(ROOT):
         run_dir, job_id = submit_one(job, dry_run=False)
     assert job_id is not None
     return Job(job_id, run_dir)
@@ -151,8 +153,7 @@ def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_single_node_job_trains_and_completes(reference: Job) -> None:
     assert_completed(reference, reference.info)
     result = reference.result
-    assert result["world_size"] == 2 and result["process_group_size"] == 2
-    assert result["global_step"] == STEPS
+    assert result["world_size"] == 2 and result["global_step"] == STEPS
     assert result["final_train_loss"] < result["first_train_loss"]
     printed = StringIO()
     with redirect_stdout(printed):
@@ -179,15 +180,18 @@ def test_two_node_job_trains_with_world_size_two(
     strategy = "zero2" if launcher == "deepspeed" else "ddp"
     job = submit_job([*TINY, "train.max_steps=4", "cluster.nodes=2", "cluster.gpus_per_node=1",
                       f"cluster.launcher={launcher}", f"strategy={strategy}",
+                      "train.callbacks=[{_target_:tests.integration.probes.WrapperProbe}]",
                       f"run.output_dir={tmp_path}"])
     info = wait_for(job)
     assert_completed(job, info)
     assert info["NodeList"] == "node[1-2]" and info["NumNodes"] == "2"
     result = job.result
-    assert result["world_size"] == 2 and result["process_group_size"] == 2
-    assert result["global_step"] == 4
+    assert result["world_size"] == 2 and result["global_step"] == 4
+    wrappers = [json.loads((job.run_dir / "probes" / f"wrapper-rank{r}.json").read_text())
+                for r in range(2)]
+    assert [w["world_size"] for w in wrappers] == [2, 2]
     if launcher == "deepspeed":
-        assert result["wrapper"]["zero_stage"] == 2
+        assert [w["zero_stage"] for w in wrappers] == [2, 2]
         # one deepspeed launcher per node, each started its node's rank
         assert (job.run_dir / "hostfile").read_text() == "node1 slots=1\nnode2 slots=1\n"
     else:

@@ -1,5 +1,7 @@
-"""peft=lora on 2 CPU ranks under DDP, ZeRO-3 and FSDP2: only the adapters train, and the
-saved model/ is the merged model, loadable without peft, with the trained model's logits."""
+"""peft=lora on 2 CPU ranks under DDP, ZeRO-3 and FSDP2: only the adapters train (every
+base tensor bit-identical before and after, every adapter tensor changed, on each rank's
+own shard), and the saved model/ is the merged model, loadable without peft, with the
+trained model's logits. QLoRA: a 4-bit base that really is 4-bit."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import Run, describe_failure
+from runs import EVIDENCE, Run, callbacks, describe_failure
 
 from launcher.compose import PROJECT_ROOT
 
@@ -26,15 +28,19 @@ WRAPPED = {
 def test_lora_trains_adapters_and_saves_a_merged_model(
     trained: Callable[..., Run], strategy: str
 ) -> None:
-    run = trained(f"lora-{strategy}-torchrun-fp32", [f"strategy={strategy}", "peft=lora"])
+    probes = callbacks(*EVIDENCE, "ParamChecksumProbe")
+    run = trained(f"lora-{strategy}-torchrun-fp32", [f"strategy={strategy}", "peft=lora", probes])
     assert run.returncode == 0, describe_failure(run)
     result = run.result
     assert result["world_size"] == 2
     model_class, wrapped_class = WRAPPED[strategy]
-    assert result["wrapper"]["model_class"] == model_class
-    assert result["wrapper"]["wrapped_class"] == wrapped_class
+    wrapper = run.probe("wrapper", 0)
+    assert wrapper["model_class"] == model_class
+    # FSDP2 replaces the module's class in place: there is no separate wrapper object.
+    assert wrapper["wrapped_class"] == (None if strategy == "fsdp" else wrapped_class)
+    assert_only_adapters_changed(run)
     # Adapters on the attention projections only learn slower than full fine-tuning, but they learn.
-    assert result["final_eval_loss"] < result["initial_eval_loss"] - 0.1, result
+    assert result["final_eval_loss"] < result["first_eval_loss"] - 0.1, result
 
     model_dir = run.run_dir / "model"
     assert (model_dir / "adapter" / "adapter_config.json").is_file()
@@ -43,11 +49,22 @@ def test_lora_trains_adapters_and_saves_a_merged_model(
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # merged: plain Llama weights
     assert type(model).__name__ == "LlamaForCausalLM"
     assert not any("lora" in name for name, _ in model.named_parameters())
-    recorded = torch.load(run.run_dir / "final_logits.pt")
+    recorded = run.logits()
     model.eval()
     with torch.no_grad():
         logits = model(input_ids=recorded["input_ids"]).logits.float()
     assert torch.allclose(logits, recorded["logits"], atol=1e-4)
+
+
+def assert_only_adapters_changed(run: Run) -> None:
+    """On every rank's own shard: base weights bit-identical, every LoRA tensor changed."""
+    for rank in range(2):
+        sums = run.probe("checksums", rank)
+        changed = {name for name, digest in sums["begin"].items() if sums["end"][name] != digest}
+        adapters = {name for name in sums["begin"] if "lora_" in name}
+        assert adapters and changed == adapters, sorted(changed ^ adapters)
+        trainable = {name for name, grad in sums["requires_grad"].items() if grad}
+        assert trainable == adapters
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +97,21 @@ def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_qlora_trains_on_4bit_base_and_merges_into_full_precision(
     trained: Callable[..., Run], base_model_dir: Path
 ) -> None:
-    pytest.importorskip("bitsandbytes")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     run = trained(
         "qlora-ddp-torchrun-fp32",
-        ["strategy=ddp", "peft=qlora", f"model.path={base_model_dir}", "model.tokenizer="],
+        ["strategy=ddp", "peft=qlora", f"model.path={base_model_dir}", "model.tokenizer=",
+         "model.intermediate_size=192", callbacks("WrapperProbe", "LogitsProbe")],
     )
     assert run.returncode == 0, describe_failure(run)
     result = run.result
     assert result["world_size"] == 2
-    assert result["wrapper"]["base_weights_4bit"] is True
-    assert result["final_eval_loss"] < result["initial_eval_loss"] - 0.1, result
+    assert run.probe("wrapper", 0)["base_weights_4bit"] is True
+    assert result["final_eval_loss"] < result["first_eval_loss"] - 0.1, result
 
-    recorded = torch.load(run.run_dir / "final_logits.pt")
+    recorded = run.logits()
     ids = recorded["input_ids"]
     merged = AutoModelForCausalLM.from_pretrained(run.run_dir / "model").eval()
     base = AutoModelForCausalLM.from_pretrained(base_model_dir)

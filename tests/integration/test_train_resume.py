@@ -1,6 +1,8 @@
-"""Resume: a run stopped right after step 4's checkpoint, relaunched with run.resume=auto,
-must log exactly the losses of the uninterrupted run for steps 5..8, and must skip a
-half-written checkpoint that looks newer. Also: a failing rank leaves logs/rank<R>.error.
+"""Resume, told apart from a restart: a run stopped right after step 4's checkpoint
+(StopAfterStep, injected), then launched again with the same command (run.resume=auto),
+must log each step's loss exactly once across the two launches, start its second launch at
+step 5, equal the uninterrupted run's losses for steps 5..8, and skip a half-written
+checkpoint that looks newer. Also: a failing rank leaves logs/rank<R>.error.
 """
 
 from __future__ import annotations
@@ -10,11 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import RUN_TIMES
-from runs import Run, describe_failure, launch, train
+from runs import RUN_TIMES, Run, callbacks, describe_failure, launch, plan_run, train
 from test_train_strategies import run_name, strategy_overrides
 
-from launcher.callbacks import STOP_AFTER_STEP_ENV
 from launcher.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -36,46 +36,63 @@ def fake_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> P
     ("strategy", "launcher"),
     [("ddp", "torchrun"), ("zero3", "torchrun"), ("zero2", "deepspeed"), ("fsdp", "torchrun")],
 )
-def test_resume_continues_exactly_and_skips_half_written_checkpoint(
+def test_second_launch_resumes_at_the_next_step_and_skips_a_half_written_checkpoint(
     trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str
 ) -> None:
     overrides = strategy_overrides(strategy, launcher, "fp32")
     reference = trained(run_name(strategy, launcher, "fp32"), overrides)
     assert reference.returncode == 0, describe_failure(reference)
 
-    run_dir = runs_root / f"resume-{strategy}-{launcher}"
-    stopped = train(run_dir, overrides, {STOP_AFTER_STEP_ENV: str(STOP_STEP)})
+    name = f"resume-{strategy}-{launcher}"
+    stopped = train(runs_root, name, [*overrides, callbacks(stop=STOP_STEP)])
     assert stopped.returncode == 0, describe_failure(stopped)
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = stopped.run_dir / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == [f"checkpoint-{STOP_STEP}"]
     assert is_complete(checkpoints / f"checkpoint-{STOP_STEP}")
-    # A stopped run is not finished: no final model or result until the resumed run ends.
-    assert not (run_dir / "result.json").exists()
-    assert not (run_dir / "model").exists()
+    # A stopped run is not finished: no final model or result.
+    assert not (stopped.run_dir / "result.json").exists()
+    assert not (stopped.run_dir / "model").exists()
     half = fake_half_written_checkpoint(checkpoints, f"checkpoint-{STOP_STEP}", "checkpoint-6")
 
-    resumed = launch(run_dir)  # the run dir's config says run.resume=auto
-    RUN_TIMES[f"resume-{strategy}-{launcher} (stop+resume)"] = stopped.seconds + resumed.seconds
+    # The same command again: validation finds the earlier launch's last complete checkpoint.
+    prepared = plan_run(runs_root, name, overrides)
+    wanted = checkpoints / f"checkpoint-{STOP_STEP}"
+    assert prepared.plan.resume_from == wanted
+    resumed = launch(prepared)
+    RUN_TIMES[f"{name} (stop+resume)"] = stopped.seconds + resumed.seconds
     assert resumed.returncode == 0, describe_failure(resumed)
-    result = resumed.result
-    assert result["resumed_from"] == str(checkpoints / f"checkpoint-{STOP_STEP}")
-    assert result["global_step"] == MAX_STEPS
     assert not is_complete(half)
 
+    (launch_record,) = resumed.launches()
+    assert launch_record["resumed_from"] == str(wanted)
+    assert launch_record["start_step"] == STOP_STEP
+    result = resumed.result
+    assert result["resumed_from"] == str(wanted) and result["start_step"] == STOP_STEP
+    assert result["global_step"] == MAX_STEPS
+
+    # Exactly one loss per step across the launches: a restart from step 0 would log
+    # steps 1..8 again in the second launch.
+    first, second = stopped.train_losses(), resumed.train_losses()
+    assert sorted(first) == list(range(1, STOP_STEP + 1))
+    assert sorted(second) == list(range(STOP_STEP + 1, MAX_STEPS + 1))
+    # A resumed launch does not evaluate "at the start" again.
+    assert [m["step"] for m in resumed.metrics() if "eval_loss" in m] == [MAX_STEPS]
     expected = reference.train_losses()
-    got = resumed.train_losses()  # steps 1..4 from the stopped run, 5..8 after resuming
-    assert sorted(got) == list(range(1, MAX_STEPS + 1))
-    for step in range(STOP_STEP + 1, MAX_STEPS + 1):
-        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, got, expected)
+    for step in second:
+        assert second[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (
+            step, second, expected)
 
 
-def test_failing_rank_writes_its_traceback(runs_root: Path) -> None:
-    run = train(runs_root / "broken", ["strategy=ddp", "dataset.eval_path=/nonexistent.jsonl"])
+def test_failing_rank_writes_its_traceback(runs_root: Path, tmp_path: Path) -> None:
+    # Passes validation (a readable file), then every row fails to tokenize on the ranks.
+    broken = tmp_path / "eval.jsonl"
+    broken.write_text('{"instruction": "2+2", "output": null}\n')
+    run = train(runs_root, "broken", ["strategy=ddp", f"dataset.eval_path={broken}"])
     assert run.returncode != 0
     # Both ranks fail; the launcher may kill the slower one before it writes its file.
     errors = sorted((run.run_dir / "logs").glob("rank*.error"))
     assert errors and {e.name for e in errors} <= {"rank0.error", "rank1.error"}
     for error in errors:
         text = error.read_text()
-        assert "Traceback" in text and "nonexistent.jsonl" in text
+        assert "Traceback" in text and str(broken) in text
     assert not (run.run_dir / "result.json").exists()

@@ -1,11 +1,15 @@
 """Every strategy, really trained: 2 CPU ranks over gloo, the tiny Llama, 8 optimizer steps.
 
-Each run must show, from what the ranks themselves recorded (result.json):
-- 2 processes in the Trainer's world and data sharded between them,
-- the strategy's wrapper really applied (engine ZeRO stage, FSDP2 class, offload),
-- train and eval loss going down,
+Each run must show, from what injected probes measured on the ranks (tests/integration/
+probes.py) and what the run dir holds:
+- 2 processes and data sharded between them (disjoint rows, half the batches per epoch),
+- the strategy's wrapper really applied (ZeRO stage read from the optimizer object, FSDP2
+  class and shards, offload), and for ddp/zero1/zero2/zero3/fsdp the partitioning itself
+  in measured per-rank optimizer-state and gradient bytes,
+- the precision really used (a bf16 run computes its linear layers in bf16),
+- train and eval loss going down, every step logged once, complete checkpoints,
 - a saved model/ that from_pretrained loads and whose logits on a fixed batch equal the
-  trained model's (recorded by the ranks before saving).
+  trained model's (recorded by a probe before saving).
 """
 
 from __future__ import annotations
@@ -16,72 +20,43 @@ from typing import Any
 
 import pytest
 import torch
-from runs import Run, describe_failure
+from runs import EVIDENCE, Run, callbacks, describe_failure
 
 from launcher.checkpoints import is_complete, list_checkpoints
+from launcher.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
 MICRO_BATCH, MAX_STEPS, WORLD = 4, 8, 2
+TRAIN_ROWS = len((PROJECT_ROOT / "data/arith/train.jsonl").read_text().splitlines())
 
-# What result.json's "wrapper" must contain for each strategy.
+# What the WrapperProbe must find for each strategy.
 EXPECTED_WRAPPER: dict[str, dict[str, Any]] = {
     "ddp": {"wrapped_class": "DistributedDataParallel", "model_class": "LlamaForCausalLM"},
-    "zero1": {
-        "wrapped_class": "DeepSpeedEngine",
-        "zero_stage": 1,
-        "zero_optimizer_class": "DeepSpeedZeroOptimizer",
-        "offload_optimizer_device": None,
-        "zero_optimizer_offloads": False,
-    },
-    "zero2": {
-        "wrapped_class": "DeepSpeedEngine",
-        "zero_stage": 2,
-        "zero_optimizer_class": "DeepSpeedZeroOptimizer",
-        "offload_optimizer_device": None,
-        "zero_optimizer_offloads": False,
-    },
-    "zero2_offload": {
-        "wrapped_class": "DeepSpeedEngine",
-        "zero_stage": 2,
-        "offload_optimizer_device": "cpu",
-        "zero_optimizer_offloads": True,
-    },
-    "zero3": {
-        "wrapped_class": "DeepSpeedEngine",
-        "zero_stage": 3,
-        "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
-        "offload_optimizer_device": None,
-        "offload_param_device": None,
-        "param_local_fraction": 0.5,
-    },
-    "zero3_offload": {
-        "wrapped_class": "DeepSpeedEngine",
-        "zero_stage": 3,
-        "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
-        "offload_optimizer_device": "cpu",
-        "offload_param_device": "cpu",
-        "zero_optimizer_offloads": True,
-        "param_local_fraction": 0.5,
-    },
-    "fsdp": {
-        "model_class": "FSDPLlamaForCausalLM",
-        "fsdp_module": True,
-        "param_class": "DTensor",
-        "param_local_fraction": 0.5,
-        "offload_policies": ["OffloadPolicy"],
-    },
-    "fsdp_offload": {
-        "model_class": "FSDPLlamaForCausalLM",
-        "fsdp_module": True,
-        "param_class": "DTensor",
-        "param_local_fraction": 0.5,
-        "offload_policies": ["CPUOffloadPolicy"],
-    },
+    "zero1": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 1,
+              "zero_optimizer_class": "DeepSpeedZeroOptimizer", "offload_optimizer": False},
+    "zero2": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 2,
+              "zero_optimizer_class": "DeepSpeedZeroOptimizer", "offload_optimizer": False},
+    "zero2_offload": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 2,
+                      "offload_optimizer": True},
+    "zero3": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 3,
+              "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
+              "offload_optimizer": False, "offload_param": False,
+              "param_local_fraction": 0.5},
+    "zero3_offload": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 3,
+                      "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
+                      "offload_optimizer": True, "offload_param": True,
+                      "param_local_fraction": 0.5},
+    "fsdp": {"model_class": "FSDPLlamaForCausalLM", "fsdp_module": True,
+             "param_class": "DTensor", "param_local_fraction": 0.5,
+             "offload_policies": ["OffloadPolicy"]},
+    "fsdp_offload": {"model_class": "FSDPLlamaForCausalLM", "fsdp_module": True,
+                     "param_class": "DTensor", "param_local_fraction": 0.5,
+                     "offload_policies": ["CPUOffloadPolicy"]},
 }
 
 ZERO = ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"]
-NO_GATHER = ("strategy.gather_weights_on_save=false",)  # ZeRO-3 shards -> zero_to_fp32
+NO_GATHER = ("strategy.gather_weights_on_save=false",)  # ZeRO-3: zero_to_fp32; FSDP: sharded
 CASES: list[tuple[str, str, str, tuple[str, ...]]] = [
     *[(s, "torchrun", "fp32", ()) for s in EXPECTED_WRAPPER],
     *[(s, "deepspeed", "fp32", ()) for s in ZERO],
@@ -89,6 +64,7 @@ CASES: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("zero3", "deepspeed", "bf16", ()),
     ("fsdp", "torchrun", "bf16", ()),
     ("zero3", "torchrun", "fp32", NO_GATHER),
+    ("fsdp", "torchrun", "fp32", NO_GATHER),
 ]
 
 
@@ -104,6 +80,7 @@ def strategy_overrides(
         f"strategy={strategy}",
         f"cluster.launcher={launcher}",
         f"precision={precision}",
+        callbacks(*EVIDENCE),
         *extra,
     ]
 
@@ -125,69 +102,113 @@ def test_strategy_trains_sharded_and_saves_a_loadable_model(
     assert run.returncode == 0, describe_failure(run)
     result = run.result
 
-    assert result["world_size"] == WORLD
-    assert result["process_group_size"] == WORLD
-    assert result["num_processes"] == WORLD
-    assert_data_sharded(result["data"])
-    assert_wrapper(result["wrapper"], strategy)
-    assert result["global_step"] == MAX_STEPS
+    assert result["world_size"] == WORLD and result["global_step"] == MAX_STEPS
+    assert_data_sharded(run)
+    assert_wrapper(run, strategy)
+    if precision == "fp32" and strategy in PARTITION_CHECKS:
+        PARTITION_CHECKS[strategy]([run.probe("partition", r) for r in range(WORLD)])
+    assert_precision(run, precision)
     assert_loss_decreased(result)
-    assert_precision(result, strategy, precision)
-    assert_checkpoints_complete(run)
+    assert_checkpoints_complete(run, sharded_fsdp=strategy == "fsdp" and bool(extra))
     assert_metrics_logged(run)
     assert_saved_model_reproduces_logits(run, precision)
 
 
-def assert_data_sharded(data: dict[str, Any]) -> None:
-    """Each rank loaded its own samples (no overlap) and iterates half the epoch."""
-    assert data["samples_seen_by_several_ranks"] == 0, data
-    assert len(data["samples_per_rank"]) == WORLD
-    for count in data["unique_samples_per_rank"]:
-        assert count >= MAX_STEPS * MICRO_BATCH, data
-    expected_batches = math.ceil(data["dataset_size"] / (MICRO_BATCH * WORLD))
-    assert data["batches_per_epoch_per_rank"] == [expected_batches] * WORLD, data
+def assert_data_sharded(run: Run) -> None:
+    """Each rank's model received its own rows (none seen by both) and the rank iterates
+    half an epoch's batches."""
+    probes = [run.probe("sharding", rank) for rank in range(WORLD)]
+    rows = [probe["rows"] for probe in probes]
+    assert [len(r) for r in rows] == [MAX_STEPS * MICRO_BATCH] * WORLD
+    assert not set(rows[0]) & set(rows[1]), "a row was trained on by both ranks"
+    expected_batches = math.ceil(TRAIN_ROWS / (MICRO_BATCH * WORLD))
+    assert [p["batches_per_epoch"] for p in probes] == [expected_batches] * WORLD
 
 
-def assert_wrapper(wrapper: dict[str, Any], strategy: str) -> None:
-    for key, value in EXPECTED_WRAPPER[strategy].items():
-        assert wrapper.get(key) == value, f"{key}: {wrapper}"
+def assert_wrapper(run: Run, strategy: str) -> None:
+    for rank in range(WORLD):
+        wrapper = run.probe("wrapper", rank)
+        for key, value in EXPECTED_WRAPPER[strategy].items():
+            assert wrapper.get(key) == value, f"rank {rank} {key}: {wrapper}"
+
+
+def _ddp_partition(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        full = 4 * rank["param_count"]  # fp32 bytes of every trainable parameter
+        assert rank["optimizer_state_bytes"] == 2 * full  # Adam m and v of everything
+        assert rank["grad_bytes_peak"] == full and rank["step_grad_bytes"] == full
+
+
+def _zero_optimizer_partitioned(rank: dict[str, Any]) -> int:
+    full = 4 * rank["param_count"]
+    assert rank["optimizer_state_bytes"] <= 0.55 * 2 * full, rank  # about half of Adam
+    assert rank["step_grad_bytes"] <= 0.55 * full, rank  # the fp32 grad partition
+    return full
+
+
+def _zero1_partition(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        full = _zero_optimizer_partitioned(rank)
+        assert rank["grad_bytes_peak"] == full, rank  # stage 1 keeps every gradient
+
+
+def _zero2_partition(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        full = _zero_optimizer_partitioned(rank)
+        assert rank["grad_bytes_peak"] <= 0.75 * full, rank  # others' grads freed in backward
+
+
+def _sharded_params_partition(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        full = _zero_optimizer_partitioned(rank)
+        assert rank["param_bytes_local"] <= 0.55 * full, rank  # parameters sharded too
+
+
+PARTITION_CHECKS: dict[str, Callable[[list[dict[str, Any]]], None]] = {
+    "ddp": _ddp_partition,
+    "zero1": _zero1_partition,
+    "zero2": _zero2_partition,
+    "zero3": _sharded_params_partition,
+    "fsdp": _sharded_params_partition,
+}
+
+
+def assert_precision(run: Run, precision: str) -> None:
+    """The decoder's linear layers really computed in the run's precision."""
+    expected = "torch.bfloat16" if precision == "bf16" else "torch.float32"
+    for rank in range(WORLD):
+        assert run.probe("precision", rank)["output_dtype"] == expected
 
 
 def assert_loss_decreased(result: dict[str, Any]) -> None:
     # 8 steps at lr 3e-3 take the tiny model from ~6.2 (uniform over 512 tokens) to ~4.8.
     assert result["final_train_loss"] < result["first_train_loss"] - 0.5, result
-    assert result["final_eval_loss"] < result["initial_eval_loss"] - 0.5, result
+    assert result["final_eval_loss"] < result["first_eval_loss"] - 0.5, result
 
 
-def assert_precision(result: dict[str, Any], strategy: str, precision: str) -> None:
-    if strategy.startswith("zero"):
-        expected = "torch.bfloat16" if precision == "bf16" else "torch.float32"
-        assert result["wrapper"]["engine_dtype"] == expected, result["wrapper"]
-        assert result["dtype"] == expected, result
-    if precision == "bf16" and strategy == "ddp":
-        # Autocast: fp32 master weights; bf16 shows in the losses (checked against fp32 below).
-        assert result["dtype"] == "torch.float32"
-
-
-def assert_checkpoints_complete(run: Run) -> None:
+def assert_checkpoints_complete(run: Run, sharded_fsdp: bool) -> None:
     checkpoints = list_checkpoints(run.run_dir / "checkpoints")
     assert [c.name for c in checkpoints] == ["checkpoint-4", "checkpoint-8"]
     assert all(is_complete(c) for c in checkpoints)
+    if sharded_fsdp:  # torch.distributed.checkpoint: one model shard file per rank
+        model_shards = checkpoints[0] / "pytorch_model_fsdp_0"
+        assert len(list(model_shards.glob("*.distcp"))) == WORLD
+        assert not list(checkpoints[0].glob("*.safetensors"))  # nothing gathered
 
 
 def assert_metrics_logged(run: Run) -> None:
-    """metrics.jsonl: every step's loss, the initial and final eval, throughput, memory."""
+    """metrics.jsonl: every step's loss once, the initial and final eval, throughput."""
     metrics = run.metrics()
     assert sorted(run.train_losses()) == list(range(1, MAX_STEPS + 1))
     assert [m["step"] for m in metrics if "eval_loss" in m] == [0, MAX_STEPS]
-    assert all(m["peak_memory_mib"] > 0 for m in metrics)
+    assert all(m["peak_memory_mib"] > 0 and m["launch"] == 0 for m in metrics)
     assert any(m.get("tokens_per_s", 0) > 0 for m in metrics)
 
 
 def assert_saved_model_reproduces_logits(run: Run, precision: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    recorded = torch.load(run.run_dir / "final_logits.pt")
+    recorded = run.logits()
     model = AutoModelForCausalLM.from_pretrained(run.run_dir / "model")
     model.eval()
     with torch.no_grad():
@@ -230,7 +251,7 @@ def test_activation_checkpointing_is_applied_and_changes_no_numbers(
         [*strategy_overrides("ddp", "torchrun", "fp32"), "train.gradient_checkpointing=true"],
     )
     assert checkpointed.returncode == 0, describe_failure(checkpointed)
-    assert checkpointed.result["activation_checkpointing"] is True
-    assert plain.result["activation_checkpointing"] is False
+    assert checkpointed.probe("wrapper", 0)["activation_checkpointing"] is True
+    assert plain.probe("wrapper", 0)["activation_checkpointing"] is False
     # Recomputing activations in backward gives the same gradients, so the same losses.
     assert checkpointed.train_losses() == pytest.approx(plain.train_losses(), rel=1e-5)

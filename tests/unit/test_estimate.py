@@ -169,7 +169,7 @@ def test_zero3_equals_deepspeed_estimator(
 
 
 def test_stack_notes_figures_for_7b_on_8_gpus() -> None:
-    """What DeepSpeed printed for 6.74e9 params, largest layer 131M, 1x8 (STACK-NOTES.md)."""
+    """What DeepSpeed printed for 6.74e9 params, largest layer 131M, 1x8 (docs/stack-notes.md)."""
     psi, largest = 6_740_000_000, 131_072_000
     shapes = {"zero2": (2, False, False), "zero2_offload": (2, True, False),
               "zero3": (3, False, False), "zero3_offload": (3, True, True)}

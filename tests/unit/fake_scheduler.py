@@ -1,0 +1,45 @@
+"""A second scheduler for tests: one module behind launcher.scheduler's interface, which is
+all a new scheduler (PBS, LSF, Kubernetes) takes. It "submits" by recording the script."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launcher.command import Launch, render_argv
+from launcher.scheduler import JobInfo
+from launcher.schema import RunConfig
+
+SUBMITTED: dict[str, Path] = {}
+CANCELLED: list[str] = []
+
+
+class FakeScheduler:
+    name = "fake"
+
+    def problems(self, cfg: RunConfig) -> list[str]:
+        if cfg.cluster.nodes > 4:
+            return [f"cluster.nodes={cfg.cluster.nodes}: the fake cluster has 4 nodes. "
+                    "Fix: cluster.nodes=4 or fewer."]
+        return []
+
+    def render(
+        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
+    ) -> str:
+        return f"#!/bin/sh\n# fake job for {shlex.quote(str(run_dir))}\n" \
+               f"{render_argv(launch.argv, launch.shell_vars)}\n"
+
+    def submit(self, script: Path) -> str:
+        job_id = str(len(SUBMITTED) + 100)
+        SUBMITTED[job_id] = script
+        return job_id
+
+    def status(self, job_id: str) -> JobInfo | None:
+        script = SUBMITTED.get(job_id)
+        if script is None:
+            return None
+        state = "CANCELLED" if job_id in CANCELLED else "PENDING"
+        return JobInfo(job_id=job_id, state=state, script=script)
+
+    def cancel(self, job_id: str) -> None:
+        CANCELLED.append(job_id)

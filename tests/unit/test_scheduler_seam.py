@@ -1,0 +1,56 @@
+"""The scheduler seam: a second scheduler is one module registered in SCHEDULERS, and
+`ftl submit`, `ftl status` and `ftl cancel` work with it unchanged; its rules join the one
+validation stage."""
+
+from __future__ import annotations
+
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from launcher import scheduler
+from launcher.errors import ConfigError
+from launcher.submit import cancel, status, submit
+
+FAKE = ["cluster=local", "cluster.scheduler=fake", "cluster.gpus_per_node=1"]
+
+
+@pytest.fixture
+def fake_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(scheduler.SCHEDULERS, "fake", "tests.unit.fake_scheduler:FakeScheduler")
+
+
+def test_a_second_scheduler_submits_reports_and_cancels(
+    fake_registered: None, tmp_path: Path
+) -> None:
+    from tests.unit import fake_scheduler
+
+    with redirect_stdout(StringIO()) as printed:
+        assert submit([*FAKE, f"run.output_dir={tmp_path}"]) == 0
+    (run_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    job_id = (run_dir / "job_id").read_text().strip()
+    assert fake_scheduler.SUBMITTED[job_id] == run_dir / "job.fake"
+    assert "launcher.worker" in (run_dir / "job.fake").read_text()
+    assert f"ftl submit: job {job_id}" in printed.getvalue()
+
+    with redirect_stdout(StringIO()) as printed:
+        assert status(str(run_dir)) == 0
+    assert f"job {job_id}: PENDING" in printed.getvalue()
+    with redirect_stdout(StringIO()):
+        assert cancel(str(run_dir)) == 0
+    assert fake_scheduler.CANCELLED == [job_id]
+
+
+def test_its_rules_join_the_one_validation_stage(fake_registered: None, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        submit([*FAKE, "cluster.nodes=8", "train.lr=0", f"run.output_dir={tmp_path}"])
+    text = str(caught.value)
+    assert "the fake cluster has 4 nodes" in text and "train.lr=0.0" in text
+    assert not list(tmp_path.rglob("job.fake"))
+
+
+def test_an_unregistered_scheduler_is_refused() -> None:
+    with pytest.raises(ConfigError, match="cluster.scheduler=pbs: not one of none, slurm"):
+        submit(["cluster=local", "cluster.scheduler=pbs"])
