@@ -194,7 +194,8 @@ def test_evaluation_without_an_eval_set_is_refused() -> None:
     no_eval = ["dataset.eval_path=", "dataset.eval_fraction=0"]
     message = only_problem([*no_eval, "train.eval_on_start=true"])
     assert "train.eval_steps=50 and train.eval_on_start=true: there is no eval set" in message
-    validate(compose_config([*no_eval, "train.eval_steps=0"]), "plan")
+    validate(compose_config([*no_eval, "train.eval_steps=0", "train.eval_on_start=false"]),
+             "plan")
 
 
 def test_a_tokenizer_source_is_required() -> None:
