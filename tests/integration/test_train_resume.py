@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from runs import RUN_TIMES, Run, callbacks, describe_failure, launch, plan_run, train
-from test_train_strategies import run_name, strategy_overrides
+from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
 from launcher.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints
 
@@ -32,18 +32,27 @@ def fake_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> P
     return half
 
 
+CASES = [
+    ("ddp", "torchrun", ()),
+    ("zero3", "torchrun", ()),
+    ("zero2", "deepspeed", ()),
+    ("fsdp", "torchrun", ()),
+    ("fsdp", "torchrun", NO_GATHER),  # sharded (torch.distributed.checkpoint) checkpoints
+]
+
+
 @pytest.mark.parametrize(
-    ("strategy", "launcher"),
-    [("ddp", "torchrun"), ("zero3", "torchrun"), ("zero2", "deepspeed"), ("fsdp", "torchrun")],
+    ("strategy", "launcher", "extra"), CASES, ids=[run_name(s, la, "fp32", e) for s, la, e in CASES]
 )
 def test_second_launch_resumes_at_the_next_step_and_skips_a_half_written_checkpoint(
-    trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str
+    trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str,
+    extra: tuple[str, ...],
 ) -> None:
-    overrides = strategy_overrides(strategy, launcher, "fp32")
-    reference = trained(run_name(strategy, launcher, "fp32"), overrides)
+    overrides = strategy_overrides(strategy, launcher, "fp32", extra)
+    reference = trained(run_name(strategy, launcher, "fp32", extra), overrides)
     assert reference.returncode == 0, describe_failure(reference)
 
-    name = f"resume-{strategy}-{launcher}"
+    name = f"resume-{run_name(strategy, launcher, 'fp32', extra)}"
     stopped = train(runs_root, name, [*overrides, callbacks(stop=STOP_STEP)])
     assert stopped.returncode == 0, describe_failure(stopped)
     checkpoints = stopped.run_dir / "checkpoints"
