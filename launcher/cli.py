@@ -1,6 +1,7 @@
 """`ftl VERB [options] [hydra overrides]`: one small registry of verbs.
 
-plan, ds-config and estimate never import torch, transformers or deepspeed.
+plan, ds-config and estimate never import torch, transformers or deepspeed. quantize takes
+Hydra overrides too (for the `dataset` group it evaluates perplexity on).
 Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed.
 """
 
@@ -110,6 +111,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@verb("quantize", "INT8 post-training quantization of a model dir: error, perplexity, size")
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from launcher.quantize_report import Request, quantize
+
+    request = Request(
+        model_dir=Path(args.model_dir), out_dir=Path(args.output), scheme=args.scheme,
+        granularity=args.granularity, clip_percentile=args.clip_percentile,
+        compare=args.compare, force=args.force, overrides=args.overrides,
+    )
+    return quantize(request, as_json=args.json)
+
+
+@verb("chat", "talk to a trained (or quantized) model: ftl chat MODEL_DIR [--prompt TEXT]")
+def cmd_chat(args: argparse.Namespace) -> int:
+    from launcher.chat import chat
+
+    return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens)
+
+
 @verb("submit", "write the run dir and job script and submit it (--dry-run: print it)")
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.submit import submit
@@ -152,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      help="write the run dir and print the job script only")
             verb_parser.add_argument("-m", "--multirun", action="store_true",
                                      help="sweep: one job per combination of comma lists")
+        if name == "quantize":
+            add_quantize_options(verb_parser)
+        if name == "chat":
+            verb_parser.add_argument("model_dir", help="a model/ dir or an ftl quantize output")
+            verb_parser.add_argument("--prompt", help="one message; without it: a loop on stdin")
+            verb_parser.add_argument("--system", help="a system message")
+            verb_parser.add_argument("--max-new-tokens", type=int, default=128)
+            continue
         if name == "report":
             verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
             continue
@@ -160,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
     return parser
+
+
+def add_quantize_options(parser: argparse.ArgumentParser) -> None:
+    from launcher.quantize_report import GRANULARITIES, SCHEMES
+
+    parser.add_argument("model_dir", help="outputs/<run.name>/<timestamp>/model")
+    parser.add_argument("-o", "--output", required=True, help="directory to write")
+    parser.add_argument("--scheme", choices=SCHEMES, default="absmax")
+    parser.add_argument("--granularity", choices=GRANULARITIES, default="channel")
+    parser.add_argument("--clip-percentile", type=float, default=None,
+                        help="clip: keep this share of |weights| unclipped, in (50, 100); "
+                        "default: the threshold with the least error")
+    parser.add_argument("--compare", action="store_true",
+                        help="every scheme x granularity, ranked; writes the best")
+    parser.add_argument("--json", action="store_true", help="machine-readable summary")
+    parser.add_argument("--force", action="store_true", help="replace an existing -o dir")
 
 
 def main(argv: list[str] | None = None) -> int:
