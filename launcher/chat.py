@@ -10,6 +10,7 @@ same prompt always gives the same answer (what a before/after-quantization check
 from __future__ import annotations
 
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,17 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    print("ftl chat: the tokenizer has no chat template; using the built-in "
-          "'### Human: / ### Assistant:' template", file=sys.stderr)
+    _builtin_notice()
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     text = builtin_prompt(messages, tokenizer.eos_token or "")
     return bos + list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@cache
+def _builtin_notice() -> None:
+    """Once per process, not once per reply."""
+    print("ftl chat: the tokenizer has no chat template; using the built-in "
+          "'### Human: / ### Assistant:' template", file=sys.stderr)
 
 
 def builtin_prompt(messages: list[dict[str, str]], eos: str) -> str:
