@@ -235,20 +235,25 @@ def _peft(cfg: RunConfig) -> list[str]:
     return problems + _qlora_on_cpu(cfg)
 
 
-QLORA_CPU_BLOCK = 64
-"""bitsandbytes' CPU 4-bit kernel needs every quantized layer's sizes in whole blocks."""
+QLORA_CPU_BLOCK = 32
+"""bitsandbytes 0.50's CPU 4-bit kernel (functional._convert_weight_packed_for_cpu, taken for
+no-grad forwards such as evaluation on CPUs with AVX512-BF16) packs each quantized layer's
+output features in blocks of 32 and asserts on any other size."""
 
 
 def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
     preset = GPU_PRESETS.get(cfg.cluster.gpu)
     if cfg.peft.name != "qlora" or preset is None or not preset.is_cpu:
         return []
-    sizes = {"model.hidden_size": cfg.model.hidden_size,
-             "model.intermediate_size": cfg.model.intermediate_size}
+    model = cfg.model
+    kv_width = model.hidden_size // max(model.num_heads, 1) * model.num_kv_heads
+    sizes = {"model.hidden_size": model.hidden_size,
+             "model.intermediate_size": model.intermediate_size,
+             "model.num_kv_heads x head size": kv_width}
     return [
         f"{key}={value} with peft=qlora on cluster.gpu=cpu: bitsandbytes' CPU 4-bit kernel "
-        f"needs layer sizes divisible by {QLORA_CPU_BLOCK}. Fix: a model whose sizes are, "
-        "peft=lora, or a GPU preset."
+        f"packs output features in blocks of {QLORA_CPU_BLOCK}. Fix: a model whose layer "
+        f"sizes are multiples of {QLORA_CPU_BLOCK}, peft=lora, or a GPU preset."
         for key, value in sizes.items()
         if value % QLORA_CPU_BLOCK
     ]

@@ -181,7 +181,8 @@ def test_qlora_needs_weights_and_cpu_block_sizes() -> None:
     validate(compose_config(QLORA_OK), "plan")
     problems = problems_for(["peft=qlora"])
     assert any("model.path is empty" in p and "peft=lora" in p for p in problems), problems
-    assert any("model.intermediate_size=172" in p and "divisible by 64" in p for p in problems)
+    assert any("model.intermediate_size=172" in p and "blocks of 32" in p for p in problems)
+    validate(compose_config([*QLORA_OK, "model.intermediate_size=160"]), "plan")  # 5 x 32
 
 
 def test_eight_bit_base_is_refused_not_silently_loaded_in_4_bit() -> None:
