@@ -10,7 +10,7 @@ OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
 	$(if $(CLUSTER),cluster=$(CLUSTER)) $(if $(NODES),cluster.nodes=$(NODES)) \
 	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) $(ARGS)
 
-.PHONY: venv train submit plan estimate ds-configs data test test-fast lint clean
+.PHONY: venv train submit plan estimate ds-configs data test test-fast lint bench clean
 
 venv: $(STAMP)
 
@@ -41,14 +41,18 @@ data: venv
 	$(BIN)/python scripts/make_data.py
 
 test: venv
-	$(BIN)/ruff check launcher tests scripts
+	$(BIN)/ruff check launcher tests scripts bench
 	$(BIN)/python -m pytest -q --timeout=1800
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m 'not slow'
 
+# Benchmarks print a table and write bench/results/<name>.json (ratios measured side by side).
+bench: venv
+	$(BIN)/python bench/plan_latency.py
+
 lint: venv
-	$(BIN)/ruff check launcher tests scripts
+	$(BIN)/ruff check launcher tests scripts bench
 
 clean:
 	rm -rf $(VENV) outputs
