@@ -90,8 +90,9 @@ def greedy(model: torch.nn.Module, tokenizer: object, max_new_tokens: int = 16) 
 def test_chat_prints_the_greedy_reply_before_and_after_quantization(
     model_dir: Path, compared: tuple[dict, Path]
 ) -> None:
-    from launcher.quantize import load_quantized
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.quantize import load_quantized
 
     _, quantized_dir = compared
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
