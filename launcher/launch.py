@@ -51,10 +51,10 @@ def write_run(checked: Checked, overrides: list[str]) -> Prepared:
         from launcher.scheduler import get_scheduler
 
         scheduler = get_scheduler(cfg.cluster.scheduler)
-        tool = Path(sys.executable).parent / launch.argv[0]
+        tool = Path(resolve_tool(launch.argv)[0])  # the venv's, else a bare name on PATH
         script = job_script_name(scheduler.name)
         files[script] = scheduler.render(
-            cfg, run_dir, launch, tool.parent if tool.exists() else None
+            cfg, run_dir, launch, tool.parent if tool.is_absolute() else None
         )
         executable.append(script)
     if plan.resume_from is not None:

@@ -26,14 +26,14 @@ def local_launch_problems(cfg: RunConfig) -> list[str]:
             "...` for a batch job, or cluster=local."
         )
         return problems
-    multi_node_ok = cluster.launcher == "deepspeed" and cluster.hostfile
-    if cluster.nodes > 1 and not multi_node_ok:
+    # deepspeed without a hostfile is a config rule (rules._multi_node): reported once, there.
+    if cluster.nodes > 1 and cluster.launcher != "deepspeed":
         problems.append(
             f"cluster.nodes={cluster.nodes} with cluster={cluster.name}: a local run uses this "
             "machine only. Fix: cluster.nodes=1, `ftl submit cluster=slurm cluster.nodes="
             f"{cluster.nodes}`, or cluster.launcher=deepspeed with cluster.hostfile=PATH."
         )
-    if cluster.nodes > 1 and multi_node_ok:
+    elif cluster.nodes > 1 and cluster.hostfile:
         problems += hostfile_problems(cluster.hostfile, cluster.nodes)
     if cluster.gpu != "cpu" and shutil.which("nvidia-smi") is None:
         problems.append(

@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher.checkpoints import resume_checkpoint, save_final_model
+from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.data import build_datasets
 from launcher.hardware import gpu_preset
@@ -95,8 +95,6 @@ def shutdown() -> None:
 
 
 def _step_of(checkpoint: Path | None) -> int:
-    from launcher.checkpoints import checkpoint_step
-
     return (checkpoint_step(checkpoint) or 0) if checkpoint is not None else 0
 
 

@@ -91,8 +91,9 @@ def test_hostfile_must_exist_parse_and_list_every_node(tmp_path: Path) -> None:
 
 
 def test_deepspeed_multi_node_without_scheduler_needs_a_hostfile() -> None:
-    message = only_problem(["cluster.nodes=2", "cluster.launcher=deepspeed"])
-    assert "deepspeed needs a hostfile" in message and "cluster.hostfile=PATH" in message
+    for target in ("plan", "train"):  # once, also when the machine checks run too
+        message = only_problem(["cluster.nodes=2", "cluster.launcher=deepspeed"], target)
+        assert "deepspeed needs a hostfile" in message and "cluster.hostfile=PATH" in message
 
 
 def test_train_refuses_a_batch_cluster() -> None:
