@@ -50,6 +50,7 @@ test-fast: venv
 # Benchmarks print a table and write bench/results/<name>.json (ratios measured side by side).
 bench: venv
 	$(BIN)/python bench/plan_latency.py
+	$(BIN)/python bench/preprocess.py
 
 lint: venv
 	$(BIN)/ruff check launcher tests scripts bench

@@ -2,8 +2,9 @@
 
 The prompt goes through the tokenizer's own chat template (`apply_chat_template` with the
 generation prompt). A tokenizer without one (the bundled tiny tokenizer) gets the built-in
-template the launcher trains conversations with (launcher/data.py: "### Human:" /
-"### Assistant:" sections, bos first), with a one-line notice. Replies are greedy, so the
+template the launcher trains conversations with (launcher/encode.py: "### Human:" /
+"### Assistant:" sections, bos first), with a one-line notice; models trained by ftl carry
+the template they learned in their tokenizer. Replies are greedy, so the
 same prompt always gives the same answer (what a before/after-quantization check needs).
 """
 
@@ -15,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
-
-ASSISTANT_HEADER = "### Assistant:\n"
 
 
 def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
@@ -55,13 +54,16 @@ def check_causal_lm_dir(model_dir: Path) -> None:
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the conversation plus the assistant's turn opening."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    _builtin_notice()
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    text = builtin_prompt(messages, tokenizer.eos_token or "")
-    return bos + list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    from launcher.encode import BUILTIN_CHAT_TEMPLATE
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        _builtin_notice()
+        template = BUILTIN_CHAT_TEMPLATE
+    text = tokenizer.apply_chat_template(messages, chat_template=template,
+                                         add_generation_prompt=True, tokenize=False)
+    # The template writes bos itself when it wants one.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 @cache
@@ -69,20 +71,6 @@ def _builtin_notice() -> None:
     """Once per process, not once per reply."""
     print("ftl chat: the tokenizer has no chat template; using the built-in "
           "'### Human: / ### Assistant:' template", file=sys.stderr)
-
-
-def builtin_prompt(messages: list[dict[str, str]], eos: str) -> str:
-    """The training template of launcher/data.py for conversations, open for a reply."""
-    from launcher.data import ROLE_HEADERS
-
-    parts = []
-    for message in messages:
-        role, content = message["role"], message["content"]
-        if role == "assistant":
-            parts.append(f"{ASSISTANT_HEADER}{content}{eos}")
-        else:
-            parts.append(f"{ROLE_HEADERS[role]}{content}\n\n")
-    return "".join(parts) + ASSISTANT_HEADER
 
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:

@@ -82,23 +82,48 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def counted_tokens(cfg: RunConfig) -> int | None:
-    """Tokens of the whole run counted from the data with the model's tokenizer (loads
-    transformers, so only on request). With train.max_steps set the step count rules."""
+    """Tokens of the whole run, from the tokenized data (preprocessed and cached now if it
+    is not yet; loads transformers, so only on request). With train.max_steps set the step
+    count rules."""
     if cfg.train.max_steps > 0:
         return None
-    from transformers import AutoTokenizer
+    from launcher.preprocess import data_dir, ensure_prepared
 
-    from launcher.data import count_tokens
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)
-    return int(count_tokens(cfg, tokenizer) * cfg.train.epochs)
+    return int(ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate").tokens
+               * cfg.train.epochs)
 
 
 @verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
 def cmd_train(args: argparse.Namespace) -> int:
-    from launcher.launch import prepare, run_local
+    from launcher.launch import check, run_local, write_run
+    from launcher.preprocess import ensure_prepared
 
-    return run_local(prepare(args.overrides, "train"))
+    checked = check(args.overrides, "train")
+    assert checked.data_dir is not None
+    # Tokenized here, once, before any rank starts: a data problem ends with exit 2 and
+    # nothing written, and the ranks only load the result.
+    ensure_prepared(checked.cfg, checked.data_dir, builder="ftl train")
+    return run_local(write_run(checked, args.overrides))
+
+
+@verb("preprocess", "tokenize (and pack) the dataset once into the cache the runs read")
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from launcher.launch import check
+    from launcher.preprocess import ensure_prepared
+
+    checked = check(args.overrides, "preprocess")
+    assert checked.data_dir is not None
+    prepared = ensure_prepared(checked.cfg, checked.data_dir, builder="ftl preprocess")
+    if args.json:
+        print(json.dumps(asdict(prepared)))
+    else:
+        state = "already cached" if prepared.cached else "tokenized"
+        print(f"ftl preprocess: {state}: {prepared.rows} rows, {prepared.tokens} tokens "
+              f"({prepared.trained_tokens} trained), fill {prepared.fill:.3f}\n"
+              f"  train: {prepared.train}\n  eval:  {prepared.eval}")
+    return 0
 
 
 @verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement")
@@ -162,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         verb_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == "ds-config":
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
-        if name == "estimate":
+        if name in ("estimate", "preprocess"):
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
+        if name == "estimate":
             verb_parser.add_argument(
                 "--count-tokens", action="store_true",
                 help="count the dataset's tokens with the model's tokenizer (slower)")

@@ -1,59 +1,43 @@
-"""Training data: load records, render a prompt template, tokenize with prompt masking, pack.
+"""Training data: load rows, split off the eval set, encode and pack them, collate batches.
 
-Runs only in the worker (and in scripts/make_data.py); `datasets` is imported inside functions.
+Runs where the data is prepared (launcher/preprocess.py: `ftl preprocess`, `ftl train`
+before launch, or rank 0 of a job) and in the ranks' collators. `datasets` and TRL are
+imported inside functions. What a row means per format: launcher/formats.py; how rows
+become ids and labels: launcher/encode.py.
 
-Formats and their templates. The layout is Alpaca's section headers without its preamble
-sentence, so the default tiny model (64-token context) spends few tokens on boilerplate:
-
-  alpaca    {"instruction", "input" (optional), "output"}
-            "### Instruction:\\n{instruction}\\n\\n### Input:\\n{input}\\n\\n### Response:\\n"
-            + "{output}</s>"          (the Input section is left out when input is empty)
-  sharegpt  {"conversations": [{"from": "system"|"human"|"gpt", "value"}, ...]}
-            system "### System:\\n{value}\\n\\n", human "### Human:\\n{value}\\n\\n",
-            gpt "### Assistant:\\n" + "{value}</s>"   (every assistant turn is a response)
-  text      {"text"}                  "{text}</s>"  (every token trains)
-
-Every example starts with the tokenizer's bos token (when it has one). With
-`dataset.mask_prompt` the labels are -100 everywhere except the response text and its eos, so
-the loss is on what the model should answer. Masking is decided on the tokenization of the
-whole text (character offsets), so the ids are exactly those of the joined text.
-
-Without packing an example is truncated to `dataset.max_length`; one whose responses are cut
-off entirely has nothing to learn from and is dropped. With `dataset.packing` examples are
-concatenated in order and cut into blocks of `max_length` tokens (the last block may be
-shorter): nothing is truncated and labels keep their masks, but attention is NOT reset at
-example boundaries, so a token can attend to the previous examples in its block.
+Without packing, an example longer than `dataset.max_length` is truncated; one left with
+no trained token is dropped (both counted and logged). With `dataset.packing`, the same
+(truncated, never split) examples are packed whole into rows of `max_length` tokens by
+TRL's best-fit-decreasing packer, and `position_ids` restart at 0 for every example. The
+packed collator passes no attention mask, so the model builds its mask from the position
+ids: sdpa and eager get a block-diagonal causal mask (transformers'
+find_packed_sequence_indices), flash-attention its varlen kernel; no token attends to
+another example. The tail padding of a batch is one more "example" with its own
+positions, so it is isolated too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.compose import PROJECT_ROOT, local_or_as_is
-from launcher.errors import ConfigError, DataError
+from launcher.encode import IGNORE_INDEX, Encoder, chat_template_for
+from launcher.errors import DataError
+from launcher.formats import CHAT_FORMATS, FIELDS, RowError, column_map, missing_columns
 
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from launcher.schema import DatasetConfig, RunConfig
+    from launcher.schema import RunConfig
 
 log = logging.getLogger(__name__)
-
-IGNORE_INDEX = -100
-"""Label value the HF loss ignores."""
-
-FORMATS: dict[str, tuple[str, ...]] = {
-    "alpaca": ("instruction", "output"),
-    "sharegpt": ("conversations",),
-    "text": ("text",),
-}
-"""Required fields per format (alpaca's `input` is optional)."""
 
 LOCAL_LOADERS: dict[str, str] = {
     ".json": "json",
@@ -63,94 +47,30 @@ LOCAL_LOADERS: dict[str, str] = {
 }
 """File extension -> `datasets` builder."""
 
-ROLE_HEADERS: dict[str, str] = {
-    "system": "### System:\n",
-    "human": "### Human:\n",
-    "user": "### Human:\n",
-    "gpt": "### Assistant:\n",
-    "assistant": "### Assistant:\n",
-}
-"""ShareGPT roles (OpenAI's user/assistant accepted as aliases)."""
+LARGE_ROWS = 20_000
+"""From this many rows tokenizing uses several processes (below, their start-up costs more)
+and intermediate results go to disk instead of memory."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-Segment = tuple[str, bool]
-"""A piece of rendered text and whether it is trained on (a response) or not (a prompt)."""
-
-
-# ---------------------------------------------------------------------------- templates
-
-
-def render(record: Mapping[str, Any], fmt: str, eos: str = "") -> list[Segment]:
-    """The template for one record as (text, is_response) pieces; `eos` ends each response."""
-    if fmt == "alpaca":
-        instruction = _text(record, "instruction")
-        extra = _text(record, "input", required=False)
-        prompt = f"### Instruction:\n{instruction}\n\n"
-        if extra:
-            prompt += f"### Input:\n{extra}\n\n"
-        return [(prompt + "### Response:\n", False), (_text(record, "output") + eos, True)]
-    if fmt == "sharegpt":
-        return _render_sharegpt(record.get("conversations"), eos)
-    if fmt == "text":
-        return [(_text(record, "text") + eos, True)]
-    raise ConfigError(
-        f"dataset.format={fmt!r} is not a format; use one of {', '.join(FORMATS)}"
-    )
-
-
-def _render_sharegpt(turns: Any, eos: str) -> list[Segment]:
-    if not isinstance(turns, list) or not turns:
-        raise ValueError("'conversations' must be a non-empty list of {from, value} turns")
-    segments: list[Segment] = []
-    for turn in turns:
-        if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
-            raise ValueError(f"each turn needs 'from' and 'value', got {turn!r}")
-        role, value = str(turn["from"]), _text(turn, "value")
-        if role not in ROLE_HEADERS:
-            raise ValueError(f"turn role {role!r} is not one of {', '.join(ROLE_HEADERS)}")
-        if ROLE_HEADERS[role].startswith("### Assistant"):
-            segments += [(ROLE_HEADERS[role], False), (value + eos, True)]
-        else:
-            segments.append((f"{ROLE_HEADERS[role]}{value}\n\n", False))
-    if not any(is_response for _, is_response in segments):
-        raise ValueError("the conversation has no 'gpt' turn to train on")
-    return segments
-
-
-def _text(record: Mapping[str, Any], key: str, required: bool = True) -> str:
-    # CSV and parquet columns may come back as numbers (an output "68" read as int 68).
-    value = record.get(key)
-    if value is None:
-        if required:
-            raise ValueError(f"field {key!r} is empty")
-        return ""
-    return value if isinstance(value, str) else str(value)
 
 
 # ---------------------------------------------------------------------------- loading
 
 
-def load_records(path: str, fmt: str) -> Dataset:
+def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None) -> Dataset:
     """Rows of a local .json/.jsonl/.csv/.parquet file, a local dataset directory or a hub
-    dataset id (its train split), checked for the fields `fmt` needs."""
-    if fmt not in FORMATS:
-        raise ConfigError(
-            f"dataset.format={fmt!r} is not a format; use one of {', '.join(FORMATS)}"
-        )
+    dataset id (its train split), checked for the columns `fmt` needs."""
     local = Path(local_or_as_is(path))
     if local.is_file():
-        records = _load_local(local)
-        source = str(local)
+        records, source = _load_local(local), str(local)
     elif local.is_dir() or (local.suffix.lower() not in LOCAL_LOADERS and _HUB_ID.match(path)):
-        records = _load_hub(path)
-        source = path
+        records, source = _load_hub(path), path
     else:
         raise DataError(
             f"dataset file {path} not found (looked in {Path.cwd()} and {PROJECT_ROOT}); "
             "fix dataset.path (a .json/.jsonl/.csv/.parquet file or a hub dataset id)"
         )
-    check_fields(records.column_names, fmt, source)
+    check_fields(records.column_names, fmt, renames or {}, source)
     if len(records) == 0:
         raise DataError(f"{source}: the dataset has no rows; point dataset.path at real data")
     return records
@@ -189,105 +109,28 @@ def _load_hub(dataset_id: str) -> Dataset:
         ) from exc
 
 
-def check_fields(columns: Sequence[str], fmt: str, source: str) -> None:
-    """DataError naming the missing fields, the file and the fix."""
-    missing = [name for name in FORMATS[fmt] if name not in columns]
+def check_fields(columns: list[str], fmt: str, renames: Mapping[str, str], source: str) -> None:
+    """DataError naming the missing columns, the file and the fix."""
+    missing = missing_columns(fmt, column_map(fmt, renames, columns), columns)
     if not missing:
         return
-    hints = "; ".join(
-        f"{name}: {', '.join(fields)}" for name, fields in FORMATS.items() if name != fmt
-    )
+    fields = ", ".join(FIELDS[fmt])
     raise DataError(
-        f"{source}: dataset.format={fmt} needs field(s) {', '.join(map(repr, missing))} but "
-        f"the data has {list(columns)}. Rename the field(s) in the file, or set dataset.format "
-        f"to the format the data is in ({hints})"
+        f"{source}: dataset.format={fmt} needs column(s) {', '.join(map(repr, missing))} but "
+        f"the data has {list(columns)}. Fix: map them with dataset.columns.<field>=<column> "
+        f"(fields: {fields}), or set dataset.format to the format the data is in "
+        f"({', '.join(FIELDS)})"
     )
-
-
-# ---------------------------------------------------------------------------- tokenizing
-
-
-def tokenize(
-    records: Iterable[Mapping[str, Any]],
-    fmt: str,
-    tokenizer: Any,
-    max_length: int | None,
-    mask_prompt: bool = True,
-    source: str = "dataset",
-) -> list[dict[str, list[int]]]:
-    """{"input_ids", "labels"} per record: bos + rendered text, labels -100 on the prompt
-    (when `mask_prompt`) and on bos, truncated to `max_length` (None: no truncation).
-    Records left with no trained token are dropped."""
-    eos = tokenizer.eos_token or ""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    examples, dropped = [], 0
-    for index, record in enumerate(records):
-        try:
-            segments = render(record, fmt, eos)
-        except ValueError as exc:
-            raise DataError(f"{source}: row {index}: {exc}") from exc
-        ids, trained = _encode(segments, tokenizer)
-        labels = [tok if (train or not mask_prompt) else IGNORE_INDEX
-                  for tok, train in zip(ids, trained, strict=True)]
-        ids, labels = bos + ids, [IGNORE_INDEX] * len(bos) + labels
-        if max_length is not None:
-            ids, labels = ids[:max_length], labels[:max_length]
-        if all(label == IGNORE_INDEX for label in labels):
-            dropped += 1
-            continue
-        examples.append({"input_ids": ids, "labels": labels})
-    if dropped:
-        log.warning("%s: dropped %d example(s) with no response token within "
-                    "dataset.max_length=%s", source, dropped, max_length)
-    if not examples:
-        raise DataError(f"{source}: no example has a response token within dataset.max_length="
-                        f"{max_length}; raise dataset.max_length")
-    return examples
-
-
-def _encode(segments: list[Segment], tokenizer: Any) -> tuple[list[int], list[bool]]:
-    # Tokenize the joined text once (so ids equal a plain tokenization of it) and mark a
-    # token as a response token when its first character lies in a response segment.
-    text = "".join(piece for piece, _ in segments)
-    in_response = [train for piece, train in segments for _ in piece]
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    trained = [start < len(text) and in_response[start] for start, _ in enc["offset_mapping"]]
-    return list(enc["input_ids"]), trained
-
-
-def pack(examples: Sequence[Mapping[str, list[int]]], max_length: int) -> list[dict]:
-    """Concatenate examples in order and cut into `max_length` blocks (last may be shorter).
-    Labels keep their masks; attention is not reset at example boundaries."""
-    ids = [tok for example in examples for tok in example["input_ids"]]
-    labels = [label for example in examples for label in example["labels"]]
-    return [
-        {"input_ids": ids[start:start + max_length], "labels": labels[start:start + max_length]}
-        for start in range(0, len(ids), max_length)
-    ]
-
-
-def prepare(records: Dataset, dataset: DatasetConfig, tokenizer: Any, source: str) -> Dataset:
-    """Tokenized (and, with `dataset.packing`, packed) training examples of `records`."""
-    from datasets import Dataset
-
-    # Packing keeps every token (long examples continue in the next block), so no truncation.
-    limit = None if dataset.packing else dataset.max_length
-    examples = tokenize(records, dataset.format, tokenizer, limit, dataset.mask_prompt, source)
-    if dataset.packing:
-        examples = pack(examples, dataset.max_length)
-    return Dataset.from_list(examples)
-
-
-# ---------------------------------------------------------------------------- entry points
 
 
 def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
     """Train and eval records: `dataset.eval_path`, else `dataset.eval_fraction` of
     `dataset.path` held out with seed `train.seed` (None when the fraction is 0)."""
     data = cfg.dataset
-    records = load_records(data.path, data.format)
+    renames = asdict(data.columns)
+    records = load_records(data.path, data.format, renames)
     if data.eval_path:
-        return records, load_records(data.eval_path, data.format), data.path
+        return records, load_records(data.eval_path, data.format, renames), data.path
     if data.eval_fraction <= 0:
         return records, None, data.path
     if len(records) < 2 or not 0 < data.eval_fraction < 1:
@@ -296,8 +139,8 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
             f"{len(records)} row(s); use a fraction between 0 and 1 on more data, "
             "or set dataset.eval_path"
         )
-    # Our own seeded permutation rather than train_test_split: select(keep_in_memory=True)
-    # writes no index cache files, so ranks splitting at the same time do not race on disk.
+    # A seeded permutation rather than train_test_split: select(keep_in_memory=True) writes
+    # no index cache files.
     order = list(range(len(records)))
     random.Random(cfg.train.seed).shuffle(order)
     n_eval = min(len(records) - 1, max(1, round(data.eval_fraction * len(records))))
@@ -306,51 +149,149 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
             records.select(held, keep_in_memory=True), data.path)
 
 
-def build_datasets(cfg: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset | None]:
-    """Tokenized train and eval datasets ({"input_ids", "labels"} rows) for the Trainer."""
-    train, evaluation, source = split_records(cfg)
-    train_ds = prepare(train, cfg.dataset, tokenizer, source)
-    if evaluation is None:
-        return train_ds, None
-    eval_source = cfg.dataset.eval_path or f"{source} (held out)"
-    return train_ds, prepare(evaluation, cfg.dataset, tokenizer, eval_source)
+# ---------------------------------------------------------------------------- encoding
 
 
-def count_tokens(cfg: RunConfig, tokenizer: Any) -> int:
-    """Tokens the model reads per epoch of the train split (after truncation, no padding)."""
-    train, _, source = split_records(cfg)
-    return sum(len(row) for row in prepare(train, cfg.dataset, tokenizer, source)["input_ids"])
+def encoder_for(cfg: RunConfig, tokenizer: Any, columns: list[str]) -> Encoder:
+    """The Encoder of this config; says so once when the built-in template stands in."""
+    data = cfg.dataset
+    template, builtin = chat_template_for(tokenizer, data.template)
+    if builtin and data.template == "auto" and data.format in CHAT_FORMATS:
+        log.warning("the tokenizer has no chat template; using the built-in "
+                    "'### Human: / ### Assistant:' template")
+    return Encoder(
+        tokenizer=tokenizer, fmt=data.format,
+        columns=column_map(data.format, asdict(data.columns), columns),
+        template=template, max_length=data.max_length, mask_prompt=data.mask_prompt,
+    )
+
+
+def encode_splits(
+    cfg: RunConfig, tokenizer: Any, progress: bool = True
+) -> tuple[Dataset, Dataset | None]:
+    """Encoded (and, with dataset.packing, packed) train and eval sets."""
+    if not progress:
+        import datasets
+
+        datasets.disable_progress_bars()
+    train_rows, eval_rows, source = split_records(cfg)
+    encoder = encoder_for(cfg, tokenizer, train_rows.column_names)
+    train = encode(train_rows, encoder, source, num_proc(cfg, len(train_rows)), progress)
+    evaluation = None
+    if eval_rows is not None:
+        eval_source = cfg.dataset.eval_path or f"{source} (held out)"
+        evaluation = encode(eval_rows, encoder, eval_source, None, progress)
+    if cfg.dataset.packing:
+        train = pack(train, cfg.dataset.max_length)
+        evaluation = pack(evaluation, cfg.dataset.max_length) if evaluation else None
+    _check_batch(cfg, len(train), source)
+    return train, evaluation
+
+
+def encode(
+    records: Dataset, encoder: Encoder, source: str, processes: int | None, progress: bool
+) -> Dataset:
+    """input_ids and labels per row; DataError naming the row on a bad one."""
+    try:
+        encoded = records.map(
+            encoder.encode, batched=True, with_indices=True, num_proc=processes,
+            remove_columns=records.column_names, desc=f"tokenizing {Path(source).name}",
+            load_from_cache_file=False, keep_in_memory=len(records) < LARGE_ROWS,
+        )
+    except RowError as error:
+        raise DataError(f"{source}: {error}") from None
+    _report_lengths(encoded, len(records), encoder.max_length, source)
+    return encoded.remove_columns("full_length")
+
+
+def _report_lengths(encoded: Dataset, rows: int, max_length: int, source: str) -> None:
+    if len(encoded) == 0:
+        raise DataError(
+            f"{source}: every one of the {rows} example(s) is longer than dataset.max_length="
+            f"{max_length} before its first trained token, so nothing is left to train on. "
+            "Fix: raise dataset.max_length (up to the model's context) or shorten the data"
+        )
+    dropped = rows - len(encoded)
+    truncated = sum(1 for n in encoded["full_length"] if n > max_length)
+    if dropped or truncated:
+        log.warning("%s: %d example(s) truncated to dataset.max_length=%d, %d dropped (no "
+                    "trained token left)", source, truncated, max_length, dropped)
+
+
+def pack(encoded: Dataset, max_length: int) -> Dataset:
+    """Whole examples into rows of `max_length` (TRL's best-fit decreasing), with
+    position_ids restarting at 0 for each example."""
+    from trl.data_utils import pack_dataset
+
+    small = len(encoded) < LARGE_ROWS
+    packed = pack_dataset(encoded, max_length, strategy="bfd",
+                          map_kwargs={"batch_size": 10_000, "keep_in_memory": small})
+    return packed.map(_positions, batched=True, remove_columns=["seq_lengths"],
+                      keep_in_memory=small, desc="position ids")
+
+
+def _positions(batch: Mapping[str, list[Any]]) -> dict[str, list[list[int]]]:
+    return {"position_ids": [[p for n in lengths for p in range(n)]
+                             for lengths in batch["seq_lengths"]]}
+
+
+def _check_batch(cfg: RunConfig, rows: int, source: str) -> None:
+    t, c = cfg.train, cfg.cluster
+    world = c.nodes * c.gpus_per_node
+    batch = t.micro_batch_size * t.grad_accum * world
+    if rows < batch:
+        raise DataError(
+            f"{source}: {rows} training row(s) after encoding"
+            f"{' and packing' if cfg.dataset.packing else ''}, fewer than one global batch "
+            f"(train.micro_batch_size={t.micro_batch_size} x train.grad_accum={t.grad_accum} "
+            f"x {world} rank(s) = {batch}). Fix: more data, or a smaller batch"
+        )
+
+
+def num_proc(cfg: RunConfig, rows: int) -> int | None:
+    """Processes for `datasets.map`: dataset.num_proc, else the cores (up to 8) when large."""
+    if cfg.dataset.num_proc > 0:
+        return cfg.dataset.num_proc if cfg.dataset.num_proc > 1 else None
+    cores = min(8, os.cpu_count() or 1)
+    return cores if rows >= LARGE_ROWS and cores > 1 else None
+
+
+# ---------------------------------------------------------------------------- batches
 
 
 @dataclass
 class Collator:
-    """Right-pads a batch to its longest row: pad id in input_ids, 0 in attention_mask,
-    -100 in labels. Falls back to eos for padding when the tokenizer has no pad token."""
+    """Right-pads a batch to its longest row: pad id in input_ids, -100 in labels. Unpacked
+    rows get an attention_mask (0 on padding); packed rows get position_ids instead (the
+    padding is one more sequence with its own positions) and no mask, so attention follows
+    the example boundaries."""
 
     pad_token_id: int
+    packed: bool = False
 
     def __call__(self, rows: list[Mapping[str, list[int]]]) -> dict[str, Any]:
         import torch
 
         width = max(len(row["input_ids"]) for row in rows)
-        input_ids, attention, labels = [], [], []
+        batch: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
+        extra = "position_ids" if self.packed else "attention_mask"
+        batch[extra] = []
         for row in rows:
             fill = width - len(row["input_ids"])
-            input_ids.append(list(row["input_ids"]) + [self.pad_token_id] * fill)
-            attention.append([1] * len(row["input_ids"]) + [0] * fill)
-            labels.append(list(row["labels"]) + [IGNORE_INDEX] * fill)
-        return {
-            "input_ids": torch.tensor(input_ids, dtype=torch.long),
-            "attention_mask": torch.tensor(attention, dtype=torch.long),
-            "labels": torch.tensor(labels, dtype=torch.long),
-        }
+            batch["input_ids"].append(list(row["input_ids"]) + [self.pad_token_id] * fill)
+            batch["labels"].append(list(row["labels"]) + [IGNORE_INDEX] * fill)
+            if self.packed:
+                batch[extra].append(list(row["position_ids"]) + list(range(fill)))
+            else:
+                batch[extra].append([1] * len(row["input_ids"]) + [0] * fill)
+        return {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
 
 
-def collator(tokenizer: Any) -> Collator:
-    """The batch collator for `build_datasets` rows."""
+def collator(tokenizer: Any, packed: bool = False) -> Collator:
+    """The batch collator for encoded rows (packed: rows with position_ids)."""
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id
     if pad is None:
         raise DataError("the tokenizer has neither a pad nor an eos token; give it a pad_token")
-    return Collator(pad_token_id=int(pad))
+    return Collator(pad_token_id=int(pad), packed=packed)

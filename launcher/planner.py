@@ -28,6 +28,7 @@ class Plan:
     ds_config: dict[str, Any] | None = None
     fsdp_settings: dict[str, Any] | None = None
     resume_from: Path | None = None
+    data_dir: Path | None = None
     flops_per_token: float = 0.0
     peak_flops_per_device: float | None = None
 
@@ -42,6 +43,7 @@ def make_plan(checked: Checked) -> Plan:
         strategy_reasons=checked.strategy_reasons,
         estimate=_chosen_estimate(checked),
         resume_from=checked.resume_from,
+        data_dir=checked.data_dir,
         flops_per_token=flops_per_token(cfg),
         peak_flops_per_device=peak_flops_per_device(cfg),
     )
@@ -104,6 +106,7 @@ def plan_summary(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, 
         "flops_per_token": plan.flops_per_token,
         "peak_flops_per_device": plan.peak_flops_per_device,
         "resume_from": str(plan.resume_from) if plan.resume_from else None,
+        "data_dir": str(plan.data_dir) if plan.data_dir else None,
         "command": launch.argv,
         "env": launch.env,
     }

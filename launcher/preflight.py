@@ -89,22 +89,23 @@ def missing_sources(cfg: RunConfig) -> list[str]:
 
 
 def unreadable_data(cfg: RunConfig) -> list[str]:
-    """Read local data files once here, so a bad file fails before any rank starts."""
-    import datasets
+    """Scan local data files row by row here (streaming, nothing kept), so a bad line fails
+    with its file and line number before any rank starts."""
+    from dataclasses import asdict
 
-    from launcher.data import load_records
-    from launcher.errors import ConfigError, DataError
+    from launcher.datascan import scan_file
+    from launcher.formats import FORMATS
 
-    datasets.disable_progress_bars()
+    data = cfg.dataset
+    if data.format not in FORMATS:
+        return []  # rules._choices reports the format; its rows cannot be judged
+    renames = asdict(data.columns)
     problems = []
-    for key, path in (("dataset.path", cfg.dataset.path),
-                      ("dataset.eval_path", cfg.dataset.eval_path)):
-        if not path or not Path(path).is_file():
-            continue
-        try:
-            load_records(path, cfg.dataset.format)
-        except (DataError, ConfigError) as error:
-            problems.append(f"{key}={path}: {error}")
+    for key, path in (("dataset.path", data.path), ("dataset.eval_path", data.eval_path)):
+        # A missing path is missing_sources' to report; a directory is a saved dataset.
+        if path and Path(path).is_file():
+            scan = scan_file(Path(path), data.format, renames)
+            problems += [f"{key}={path}: {problem}" for problem in scan.problems]
     return problems
 
 

@@ -66,14 +66,15 @@ def check_request(req: Request) -> None:
 def eval_batches(overrides: list[str], tokenizer: Any) -> list[dict[str, Any]]:
     """The `dataset` group's eval split, tokenized like training data, in batches."""
     from launcher.compose import compose_config
-    from launcher.data import collator, prepare, split_records
+    from launcher.data import collator, encode, encoder_for, split_records
 
     cfg = compose_config(overrides)
     _, evaluation, source = split_records(cfg)
     if evaluation is None:
         raise ConfigError("dataset: no eval split (dataset.eval_path is empty and "
                           "dataset.eval_fraction=0). Fix: set one of them.")
-    rows = list(prepare(evaluation, cfg.dataset, tokenizer, f"{source} (eval)"))
+    encoder = encoder_for(cfg, tokenizer, evaluation.column_names)
+    rows = list(encode(evaluation, encoder, f"{source} (eval)", None, progress=False))
     collate = collator(tokenizer)
     return [collate(rows[i:i + EVAL_BATCH]) for i in range(0, len(rows), EVAL_BATCH)]
 

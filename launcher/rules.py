@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
+from launcher.formats import FIELDS, FORMATS, unknown_renames
 from launcher.hardware import GPU_PRESETS
 from launcher.scheduler import SCHEDULERS
 from launcher.schema import RunConfig
@@ -22,7 +24,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cluster.launcher": ("torchrun", "deepspeed"),
     "cluster.gpu": tuple(GPU_PRESETS),
     "peft.name": ("none", "lora", "qlora"),
-    "dataset.format": ("alpaca", "sharegpt", "text"),
+    "dataset.format": FORMATS,
+    "dataset.template": ("auto", "builtin"),
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
 
@@ -32,7 +35,8 @@ Rule = Callable[[RunConfig], list[str]]
 def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
-        _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
+        _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
+        _multi_node,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -289,6 +293,18 @@ def _eval(cfg: RunConfig) -> list[str]:
             "or train.eval_steps=0 train.eval_on_start=false to train without evaluation."
         )
     return problems
+
+
+def _columns(cfg: RunConfig) -> list[str]:
+    data = cfg.dataset
+    if data.format not in FIELDS:
+        return []  # _choices reports the format
+    renames = asdict(data.columns)
+    return [
+        f"dataset.columns.{name}={renames[name]}: dataset.format={data.format} has no "
+        f"field {name!r}. Fix: rename one of its fields ({', '.join(FIELDS[data.format])})."
+        for name in unknown_renames(data.format, renames)
+    ]
 
 
 def _callbacks(cfg: RunConfig) -> list[str]:

@@ -37,12 +37,32 @@ class ModelConfig:
 
 
 @dataclass
+class ColumnsConfig:
+    """The column that holds each field of a row; empty: the field's own name (for chat,
+    `messages`, else `conversations`). Only the fields of `dataset.format` may be set."""
+
+    messages: str = ""
+    instruction: str = ""
+    input: str = ""
+    output: str = ""
+    system: str = ""
+    prompt: str = ""
+    completion: str = ""
+    text: str = ""
+
+
+@dataclass
 class DatasetConfig:
     name: str = MISSING
     path: str = MISSING
     """Local file (json, jsonl, csv, parquet) or hub dataset id."""
     format: str = "alpaca"
-    """alpaca (instruction/input/output), sharegpt (conversations) or text."""
+    """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
+    prompt_completion or text: launcher/formats.py."""
+    columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
+    """Column renames, e.g. dataset.columns.messages=conversation."""
+    template: str = "auto"
+    """auto: the tokenizer's own chat template (the built-in one if it has none); builtin."""
     eval_path: str = ""
     """Separate eval file; empty: hold out `eval_fraction` of `path`."""
     eval_fraction: float = 0.05
@@ -52,6 +72,12 @@ class DatasetConfig:
     """Train on the response tokens only."""
     num_tokens: int | None = None
     """Tokens per epoch for the estimator; empty: counted from the data when needed."""
+    cache_dir: str = ""
+    """Where tokenized data is cached (shared by all nodes); empty: <run.output_dir>/.data."""
+    num_proc: int = 0
+    """Tokenizing processes; 0: one per CPU core (up to 8) for large files, else 1."""
+    wait_timeout_s: float = 14400.0
+    """How long ranks other than 0 wait for rank 0 to tokenize (not the collective's 30 min)."""
 
 
 @dataclass

@@ -146,7 +146,7 @@ def make_trainer(
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        data_collator=collator(tokenizer),
+        data_collator=collator(tokenizer, packed=cfg.dataset.packing),
         processing_class=tokenizer,
         callbacks=[CheckpointCallback(), PreemptCallback(run_dir), *injected_callbacks(cfg)],
     )

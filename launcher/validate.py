@@ -23,9 +23,11 @@ from launcher.schema import RunConfig
 if TYPE_CHECKING:
     from launcher.estimate import Estimate
 
-Target = Literal["estimate", "plan", "train", "submit"]
+Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
 """estimate: config rules only; plan: + strategy=auto; train: + this machine; submit: +
-the scheduler. train and submit also check the resume checkpoint and that the plan fits."""
+the scheduler. train and submit also check the resume checkpoint and that the plan fits.
+preprocess: config rules and the data. train, submit and preprocess scan the data files
+row by row and name the directory of their tokenized data (launcher/preprocess.py)."""
 
 
 @dataclass
@@ -38,20 +40,30 @@ class Checked:
     estimate: Estimate | None = None
     strategy_reasons: list[str] = field(default_factory=list)
     resume_from: Path | None = None
+    data_dir: Path | None = None
+    """Where the tokenized data is (or will be) cached; train, submit and preprocess."""
 
 
 def validate(cfg: RunConfig, target: Target) -> Checked:
     """Raise one ConfigError listing every problem; else what the planner needs."""
     problems = config_problems(cfg)
     checked = Checked(cfg=cfg, target=target)
-    if not problems:
-        problems += _resolve_strategy(checked)
-    if not is_auto(checked.cfg):
-        problems += strategy_problems(checked.cfg)
+    if target == "preprocess":
+        problems += [] if problems else preflight.missing_sources(cfg)
+        problems += [] if problems else preflight.unreadable_data(cfg)
+    else:
+        if not problems:
+            problems += _resolve_strategy(checked)
+        if not is_auto(checked.cfg):
+            problems += strategy_problems(checked.cfg)
     if target in ("train", "submit"):
         problems += _launch_problems(checked)
     if problems:
         raise ConfigError(problems)
+    if target in ("train", "submit", "preprocess"):
+        from launcher.preprocess import data_dir
+
+        checked.data_dir = data_dir(checked.cfg)
     return checked
 
 
@@ -76,7 +88,8 @@ def _launch_problems(checked: Checked) -> list[str]:
     if checked.target == "train":
         problems = preflight.local_launch_problems(cfg)
     else:
-        problems = _scheduler_problems(cfg)
+        # The job reads the same files: a bad row is better found on the login node.
+        problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
     return problems + _fit_problems(checked)

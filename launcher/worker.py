@@ -1,10 +1,10 @@
 """The per-rank entrypoint: `python -m launcher.worker RUN_DIR`.
 
-Reads ONLY the run dir and, top to bottom: config -> distributed state -> tokenizer ->
-TrainingArguments -> model -> data -> Trainer -> train (resuming from the last complete
-checkpoint) -> evaluate -> save -> result. What each file is and who writes it:
-launcher/rundir.py. Nothing here exists for tests: they inject their probes through
-`train.callbacks`.
+Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
+tokenizer -> data -> distributed state -> TrainingArguments -> model -> Trainer -> train
+(resuming from the last complete checkpoint) -> evaluate -> save -> result. What each file
+is and who writes it: launcher/rundir.py. Nothing here exists for tests: they inject their
+probes through `train.callbacks`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from omegaconf import OmegaConf
 
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
-from launcher.data import build_datasets
+from launcher.encode import adopt_chat_template
 from launcher.hardware import gpu_preset
 from launcher.model import apply_peft, build_model, load_tokenizer
+from launcher.preprocess import rank_datasets
 from launcher.rundir import RunDir
 from launcher.training import make_trainer, setup_distributed, training_arguments
 
@@ -46,15 +47,18 @@ def main(argv: list[str] | None = None) -> int:
 def train(run_dir: RunDir) -> dict[str, Any] | None:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    accelerator_config = setup_distributed(cfg, on_cpu)
     quiet_progress_bars()
+    tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
+    # Before the process group exists: ranks waiting for rank 0's tokenization poll the
+    # disk, so no collective can time out however long it takes.
+    datasets = rank_datasets(cfg, Path(json.loads(run_dir.plan.read_text())["data_dir"]),
+                             tokenizer, int(os.environ.get("RANK", "0")), run_dir.rank_error("0"))
+    accelerator_config = setup_distributed(cfg, on_cpu)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
-    tokenizer = load_tokenizer(cfg)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None)
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     model = apply_peft(build_model(cfg, tokenizer), cfg)
-    datasets = build_datasets(cfg, tokenizer)
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
     if resume is not None:
@@ -82,9 +86,11 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
 def quiet_progress_bars() -> None:
     """Loading/saving bars from every rank garble the launcher's console; steps are
     reported by MetricsCallback instead."""
+    import datasets
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def shutdown() -> None:

@@ -16,8 +16,9 @@ Words are pronounceable pseudo-words (consonant-vowel syllables) so there are en
 distinct ones for a train and an eval split that share no (instruction, input) pair.
 
 The tokenizer is a byte-level BPE (digits split one per token, as Llama does) trained on the
-rendered training prompts (launcher.data's template), so the template's headers become few
-tokens; vocabulary: <unk> <s> </s> <pad>, the 256 bytes, then merges up to 512 in all.
+examples in the Alpaca layout the first release trained with (`alpaca_text`; kept so the
+committed tokenizer stays byte-identical); vocabulary: <unk> <s> </s> <pad>, the 256
+bytes, then merges up to 512 in all.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
-
-from launcher.data import render
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 1234
@@ -102,6 +101,14 @@ def write_jsonl(path: Path, rows: list[Record]) -> None:
     path.write_text(text, encoding="utf-8", newline="\n")
 
 
+def alpaca_text(row: Record) -> str:
+    """The "### Instruction / ### Input / ### Response" rendering the tokenizer was fit on."""
+    prompt = f"### Instruction:\n{row['instruction']}\n\n"
+    if row["input"]:
+        prompt += f"### Input:\n{row['input']}\n\n"
+    return prompt + "### Response:\n" + row["output"]
+
+
 def train_tokenizer(rows: list[Record], out_dir: Path) -> None:
     """Byte-level BPE on the rendered examples, saved as a transformers tokenizer dir."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -121,7 +128,7 @@ def train_tokenizer(rows: list[Record], out_dir: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = ["".join(piece for piece, _ in render(row, "alpaca")) for row in rows]
+    texts = [alpaca_text(row) for row in rows]
     tok.train_from_iterator(texts, trainer=trainer)
     # tokenizer("...") starts with <s>, like Llama's; launcher.data adds bos itself.
     bos_id = tok.token_to_id("<s>")

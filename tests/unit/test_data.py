@@ -1,8 +1,10 @@
-"""launcher/data.py and the bundled data: loading, templates, masking, packing, splits."""
+"""launcher/data.py and the bundled data: loading, column checks, splits, encoding the
+default, collators. Templates and masking: test_encode.py; packing: test_packing.py."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 
 from launcher import data
 from launcher.compose import compose_config
-from launcher.errors import ConfigError, DataError
+from launcher.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "assets" / "tokenizer"
@@ -63,8 +65,16 @@ def write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def labelled(tok: Any, example: dict) -> str:
-    return tok.decode([t for t in example["labels"] if t != data.IGNORE_INDEX])
+def labelled(tok: Any, labels: list[int]) -> str:
+    return tok.decode([t for t in labels if t != data.IGNORE_INDEX])
+
+
+def encoded(tok: Any, path: Path, overrides: list[str]) -> Any:
+    cfg = compose_config([f"dataset.path={path}", "dataset.eval_path=", *overrides])
+    records = data.load_records(str(path), cfg.dataset.format,
+                                dataclasses.asdict(cfg.dataset.columns))
+    encoder = data.encoder_for(cfg, tok, records.column_names)
+    return data.encode(records, encoder, str(path), None, progress=False)
 
 
 # ------------------------------------------------------------------------- loading formats
@@ -73,31 +83,34 @@ def labelled(tok: Any, example: dict) -> str:
 @pytest.mark.parametrize("ext", [".json", ".jsonl", ".csv", ".parquet"])
 @pytest.mark.parametrize(("fmt", "rows"), [("alpaca", ALPACA), ("text", TEXT)])
 def test_flat_formats_load_from_every_file_type(tmp_path, tok, ext, fmt, rows):
-    records = data.load_records(str(write(tmp_path / f"d{ext}", rows)), fmt)
-    assert len(records) == len(rows)
-    examples = data.tokenize(records, fmt, tok, max_length=64)
-    responses = [labelled(tok, e) for e in examples]
-    expected = [(r["output"] if fmt == "alpaca" else r["text"]) + "</s>" for r in rows]
+    path = write(tmp_path / f"d{ext}", rows)
+    assert len(data.load_records(str(path), fmt)) == len(rows)
+    examples = encoded(tok, path, [f"dataset.format={fmt}"])
+    responses = [labelled(tok, labels) for labels in examples["labels"]]
+    if fmt == "alpaca":
+        expected = [r["output"] + "</s>" for r in rows]
+    else:  # every token but the first (bos) is trained
+        expected = [r["text"] + "</s>" for r in rows]
     assert responses == expected
 
 
 @pytest.mark.parametrize("ext", [".json", ".jsonl", ".parquet"])
 def test_sharegpt_loads_and_trains_on_every_assistant_turn(tmp_path, tok, ext):
-    records = data.load_records(str(write(tmp_path / f"c{ext}", SHAREGPT)), "sharegpt")
-    first, second = data.tokenize(records, "sharegpt", tok, max_length=128)
+    path = write(tmp_path / f"c{ext}", SHAREGPT)
+    first, second = encoded(tok, path, ["dataset.format=sharegpt", "dataset.max_length=128"])[
+        "labels"]
     assert labelled(tok, first) == "3</s>4</s>"
     assert labelled(tok, second) == "Hello</s>"
-    text = tok.decode(first["input_ids"])
-    assert text.startswith("<s>### System:\nBe brief.\n\n### Human:\nAdd 1 2\n\n### Assistant:\n3")
 
 
-def test_alpaca_template_leaves_out_empty_input():
-    pieces = data.render(ALPACA[1], "alpaca", "</s>")
-    assert pieces == [("### Instruction:\nSay hi.\n\n### Response:\n", False), ("hi</s>", True)]
-    prompt = data.render(ALPACA[0], "alpaca")[0][0]
-    assert prompt == (
-        "### Instruction:\nAdd the two numbers.\n\n### Input:\n12 30\n\n### Response:\n"
-    )
+def test_renamed_columns_are_read(tmp_path, tok):
+    rows = [{"question": "Add 1 2", "answer": "3"}]
+    path = write(tmp_path / "qa.jsonl", rows)
+    examples = encoded(tok, path, ["dataset.format=prompt_completion",
+                                   "dataset.columns.prompt=question",
+                                   "dataset.columns.completion=answer"])
+    assert labelled(tok, examples["labels"][0]) == "3</s>"
+    assert tok.decode(examples["input_ids"][0]) == "<s>Add 1 23</s>"
 
 
 # ------------------------------------------------------------------------- errors
@@ -108,8 +121,8 @@ def test_missing_field_names_field_file_and_fix(tmp_path):
     with pytest.raises(DataError) as err:
         data.load_records(str(path), "alpaca")
     message = str(err.value)
-    assert "needs field(s) 'output' but" in message and str(path) in message
-    assert "dataset.format" in message and "conversations" in message
+    assert "needs column(s) 'output' but" in message and str(path) in message
+    assert "dataset.columns.<field>=<column>" in message and "dataset.format" in message
 
 
 def test_sharegpt_file_read_as_alpaca_names_both_fields(tmp_path):
@@ -141,81 +154,8 @@ def test_local_directory_loads_and_hub_ids_go_to_the_hub(tmp_path, monkeypatch):
         data.load_records("data/sharegpt.jsonl", "sharegpt")
 
 
-def test_empty_required_value_names_row(tmp_path, tok):
-    rows = [ALPACA[0], {"instruction": "x", "input": "", "output": None}]
-    records = data.load_records(str(write(tmp_path / "d.jsonl", rows)), "alpaca")
-    with pytest.raises(DataError, match=r"d\.jsonl: row 1: field 'output' is empty"):
-        data.tokenize(records, "alpaca", tok, 64, source=str(tmp_path / "d.jsonl"))
 
-
-def test_bad_sharegpt_role_is_a_data_error(tok):
-    rows = [{"conversations": [{"from": "bot", "value": "x"}]}]
-    with pytest.raises(DataError, match="row 0: turn role 'bot'"):
-        data.tokenize(rows, "sharegpt", tok, 64)
-
-
-def test_unknown_format_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="dataset.format='chatml'"):
-        data.load_records(str(write(tmp_path / "d.jsonl", TEXT)), "chatml")
-
-
-# ------------------------------------------------------------------------- masking, truncation
-
-
-def test_mask_covers_exactly_the_prompt(tok):
-    record = ALPACA[0]
-    (prompt, _), (response, _) = data.render(record, "alpaca", tok.eos_token)
-    (example,) = data.tokenize([record], "alpaca", tok, max_length=64)
-    ids, labels = example["input_ids"], example["labels"]
-    assert ids == tok(prompt + response)["input_ids"]  # the tokenizer adds <s> itself
-    n_prompt = 1 + len(tok(prompt, add_special_tokens=False)["input_ids"])
-    assert labels[:n_prompt] == [data.IGNORE_INDEX] * n_prompt
-    assert labels[n_prompt:] == ids[n_prompt:]
-    assert ids[-1] == tok.eos_token_id
-
-
-def test_without_mask_prompt_everything_but_bos_trains(tok):
-    (example,) = data.tokenize([ALPACA[0]], "alpaca", tok, 64, mask_prompt=False)
-    assert example["labels"] == [data.IGNORE_INDEX] + example["input_ids"][1:]
-
-
-def test_truncation_and_dropping(tok, caplog):
-    prompt = data.render(ALPACA[0], "alpaca")[0][0]
-    n_prompt = 1 + len(tok(prompt, add_special_tokens=False)["input_ids"])
-    (short,) = data.tokenize([ALPACA[0]], "alpaca", tok, max_length=n_prompt + 1)
-    (full,) = data.tokenize([ALPACA[0]], "alpaca", tok, max_length=64)
-    assert short["input_ids"] == full["input_ids"][: n_prompt + 1]
-    assert short["labels"][-1] == full["input_ids"][n_prompt]  # one response token left
-    long_prompt = {"instruction": "word " * 40, "input": "", "output": "x"}
-    kept = data.tokenize([long_prompt, ALPACA[0]], "alpaca", tok, max_length=30)
-    assert len(kept) == 1 and "dropped 1 example" in caplog.text
-    with pytest.raises(DataError, match="raise dataset.max_length"):
-        data.tokenize([long_prompt], "alpaca", tok, max_length=30)
-
-
-# ------------------------------------------------------------------------- packing, collator
-
-
-def test_packing_blocks_preserve_tokens_and_masks(tok):
-    rows = ALPACA * 5
-    examples = data.tokenize(rows, "alpaca", tok, max_length=None)
-    blocks = data.pack(examples, 32)
-    total = sum(len(e["input_ids"]) for e in examples)
-    assert total > 3 * 32 and total % 32 != 0
-    assert [len(b["input_ids"]) for b in blocks] == [32] * (total // 32) + [total % 32]
-    assert [t for b in blocks for t in b["input_ids"]] == [
-        t for e in examples for t in e["input_ids"]
-    ]
-    assert [t for b in blocks for t in b["labels"]] == [t for e in examples for t in e["labels"]]
-
-
-def test_prepare_with_packing_does_not_truncate(tok):
-    cfg = compose_config(["dataset.packing=true", "dataset.max_length=16"]).dataset
-    long_row = {"instruction": "word " * 30, "input": "", "output": "done"}
-    packed = data.prepare([long_row, ALPACA[0]], cfg, tok, "rows")
-    unpacked = data.tokenize([long_row, ALPACA[0]], "alpaca", tok, None)
-    assert sum(len(r) for r in packed["input_ids"]) == sum(len(e["input_ids"]) for e in unpacked)
-    assert max(len(r) for r in packed["input_ids"]) == 16
+# ------------------------------------------------------------------------- collator
 
 
 def test_collator_pads_right_with_ignored_labels(tok):
@@ -261,12 +201,13 @@ def test_zero_eval_fraction_gives_no_eval():
     assert data.split_records(cfg)[1] is None
 
 
-def test_build_datasets_and_count_tokens_on_the_default(tok):
-    cfg = compose_config([])
-    train, evaluation = data.build_datasets(cfg, tok)
+def test_encode_splits_on_the_default(tok):
+    train, evaluation = data.encode_splits(compose_config([]), tok, progress=False)
     assert (len(train), len(evaluation)) == (3000, 200)
     assert set(train.column_names) == {"input_ids", "labels"}
-    assert data.count_tokens(cfg, tok) == sum(len(r) for r in train["input_ids"])
+    first = train[0]
+    assert tok.decode(first["input_ids"]).startswith("<s>### Human:\n")
+    assert labelled(tok, first["labels"]).endswith("</s>")
 
 
 # ------------------------------------------------------------------------- bundled data
@@ -284,8 +225,8 @@ def test_bundled_tokenizer_fits_tiny_llama(tok):
 
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_every_bundled_example_fits_the_context(tok, split):
-    records = data.load_records(str(BUNDLED / f"{split}.jsonl"), "alpaca")
-    lengths = [len(e["input_ids"]) for e in data.tokenize(records, "alpaca", tok, None)]
+    examples = encoded(tok, BUNDLED / f"{split}.jsonl", ["dataset.max_length=256"])
+    lengths = [len(ids) for ids in examples["input_ids"]]
     assert len(lengths) == {"train": 3000, "eval": 200}[split]
     assert max(lengths) <= 48 <= compose_config([]).dataset.max_length
 
