@@ -133,6 +133,8 @@ def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
     dataset.path = local_or_as_is(dataset.path, cwd)
     dataset.eval_path = local_or_as_is(dataset.eval_path, cwd)
     run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
+    if dataset.cache_dir:
+        dataset.cache_dir = str((cwd / os.path.expanduser(dataset.cache_dir)).resolve())
     return run_config
 
 

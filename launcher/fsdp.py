@@ -43,8 +43,9 @@ def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
             "cpu_offload": strategy.offload_param,
             # FULL: one HF-loadable model.safetensors at save; SHARDED: one file per rank.
             "state_dict_type": "FULL_STATE_DICT" if full_state else "SHARDED_STATE_DICT",
-            # Rank 0 reads the checkpoint, the others get it by broadcast; only useful when
-            # there are pretrained weights to read (an empty path means built from config).
+            # accelerate moves the model to meta and fills every shard from RANK 0's weights
+            # by broadcast (transformers 5.24 still reads the full checkpoint on every rank:
+            # docs/stack-notes.md). Only for pretrained weights (empty path: from config).
             "cpu_ram_efficient_loading": bool(cfg.model.path),
             # FSDP's own checkpointing; TrainingArguments.gradient_checkpointing would add a
             # redundant all-gather in backward (transformers issue 30404), so the worker

@@ -66,8 +66,8 @@ class Prepared:
 
 def data_dir(cfg: RunConfig) -> Path:
     """Where this config's tokenized data lives (whether built yet or not)."""
-    root = cfg.dataset.cache_dir or str(Path(cfg.run.output_dir) / ".data")
-    return Path(local_or_as_is(root)).resolve() / f"{cfg.dataset.name}-{data_key(cfg)[:16]}"
+    root = Path(cfg.dataset.cache_dir or Path(cfg.run.output_dir) / ".data")
+    return root.resolve() / f"{cfg.dataset.name}-{data_key(cfg)[:16]}"
 
 
 def data_key(cfg: RunConfig) -> str:

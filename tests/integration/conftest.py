@@ -53,3 +53,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("training run wall times (2 ranks, 8 steps, incl. startup)")
     for name, seconds in sorted(RUN_TIMES.items()):
         terminalreporter.write_line(f"{name:52s} {seconds:6.1f} s")
+
+
+@pytest.fixture(scope="session")
+def pretrained_dir(
+    trained: Callable[..., Run], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A small pretrained Llama checkpoint that the suite trains itself: the model/ dir
+    (save_pretrained + tokenizer) of the plain DDP run that test_train_strategies.py
+    already does (same name and overrides, so the session trains it once), copied to
+    <tmp>/model. That run's result.json is copied next to it (<tmp>/result.json): its
+    final_eval_loss is the checkpoint's own eval loss, its first_eval_loss a fresh init's."""
+    import shutil
+
+    from runs import EVIDENCE, callbacks, describe_failure
+
+    run = trained(
+        "ddp-torchrun-fp32",  # = test_train_strategies.run_name("ddp", "torchrun", "fp32")
+        ["strategy=ddp", "cluster.launcher=torchrun", "precision=fp32", callbacks(*EVIDENCE)],
+    )
+    if run.returncode != 0:
+        pytest.fail(f"the run that makes the pretrained checkpoint failed: {describe_failure(run)}")
+    root = tmp_path_factory.mktemp("pretrained")
+    shutil.copytree(run.run_dir / "model", root / "model")
+    shutil.copy2(run.run_dir / "result.json", root / "result.json")
+    return root / "model"

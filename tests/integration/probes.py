@@ -425,3 +425,77 @@ class StopAfterStep(TrainerCallback):
     ) -> None:
         if state.global_step >= self.step:
             control.should_training_stop = True
+
+
+class LoadingProbe(TrainerCallback):
+    """How the model came out of loading, seen at the end of Trainer.__init__ (on_init_end):
+    after build_model, before the strategy wraps it (DeepSpeed's engine and FSDP2's
+    fully_shard are applied later, in train()).
+
+    - ZeRO-3: params already partitioned there (`ds_tensor`) were constructed inside
+      deepspeed.zero.Init (nothing else partitions them before the engine);
+      "zero3_local_fraction" is this rank's share of them, "unpartitioned" the names of the
+      others (LoRA adapters, added after loading).
+    - FSDP2: accelerate's plugin attribute `cpu_ram_efficient_loading` and the environment
+      flags transformers reads (FSDP_CPU_RAM_EFFICIENT_LOADING, ACCELERATE_USE_FSDP).
+    - "weights_hash": one hash over this rank's local parameters (equal across ranks means
+      each rank holds the same values), "meta_params": parameters left on the meta device.
+    - "max_rss_kib": the process peak RSS so far (getrusage), a figure, not a check.
+
+    `perturb_other_ranks=True` (FSDP2 only): on every rank but 0, zero the (still unsharded)
+    parameters after recording. With cpu_ram_efficient_loading, accelerate moves the model
+    to meta and broadcasts RANK 0's state dict into the shards, so this changes nothing; if
+    each rank kept its own weights instead, half of every shard would be zeros and the first
+    eval loss would show it. Unlike the other probes it writes to the model, on purpose.
+
+    probes/loading-rank<R>.json: the keys above.
+    """
+
+    def __init__(self, perturb_other_ranks: bool = False) -> None:
+        self.perturb_other_ranks = perturb_other_ranks
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        import os
+        import resource
+
+        from accelerate.state import AcceleratorState
+
+        model = kw["model"]
+        named = list(model.named_parameters())
+        partitioned = [p for _, p in named if hasattr(p, "ds_tensor")]
+        plugin = AcceleratorState._shared_state.get("fsdp_plugin")
+        local = [local_tensor(p) for _, p in named]
+        digest = hashlib.blake2b(digest_size=8)
+        for tensor in local:
+            if tensor.device.type != "meta":
+                digest.update(tensor_hash(tensor).encode())
+        record: dict[str, Any] = {
+            "param_count": len(named),
+            "zero3_partitioned": len(partitioned),
+            "zero3_local_fraction": (
+                sum(p.ds_tensor.numel() for p in partitioned)
+                / sum(p.ds_numel for p in partitioned)
+                if partitioned else None
+            ),
+            "unpartitioned": [n for n, p in named if not hasattr(p, "ds_tensor")],
+            "meta_params": sum(t.device.type == "meta" for t in local),
+            "weights_hash": digest.hexdigest(),
+            "fsdp_plugin": plugin is not None,
+            "cpu_ram_efficient_loading": (
+                getattr(plugin, "cpu_ram_efficient_loading", None) if plugin else None
+            ),
+            "env_FSDP_CPU_RAM_EFFICIENT_LOADING": os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING"),
+            "env_ACCELERATE_USE_FSDP": os.environ.get("ACCELERATE_USE_FSDP"),
+            "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "perturbed": False,
+        }
+        if self.perturb_other_ranks and args.process_index != 0:
+            if plugin is None or partitioned:
+                raise RuntimeError("LoadingProbe(perturb_other_ranks=True) is for FSDP2 only")
+            with torch.no_grad():
+                for _, param in named:
+                    param.zero_()
+            record["perturbed"] = True
+        write_probe(args, "loading", record)
