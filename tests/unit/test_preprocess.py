@@ -177,3 +177,16 @@ def test_a_run_planned_on_other_data_is_refused(tmp_path):
     data.write_text(data.read_text().replace('"output": "', '"output": "0', 1))
     with pytest.raises(DataError, match="changed since this run was planned"):
         preprocess.ensure_prepared(cfg, planned, CountingTokenizer(), progress=False)
+
+
+def test_several_tokenizing_processes_give_the_same_data(tmp_path):
+    data = small_data(tmp_path)
+    one = config(tmp_path, data, f"dataset.cache_dir={tmp_path / 'one'}", "dataset.num_proc=1")
+    two = config(tmp_path, data, f"dataset.cache_dir={tmp_path / 'two'}", "dataset.num_proc=2")
+    from datasets import load_from_disk
+
+    built = [preprocess.ensure_prepared(c, preprocess.data_dir(c), progress=False)
+             for c in (one, two)]
+    assert Path(built[0].train).parent.name == Path(built[1].train).parent.name  # same key
+    first, second = (load_from_disk(b.train) for b in built)
+    assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
