@@ -427,6 +427,20 @@ class StopAfterStep(TrainerCallback):
             control.should_training_stop = True
 
 
+class FailAtStep(TrainerCallback):
+    """Raise on every rank at the end of optimizer step `step`: a crash after validation,
+    for the tests of what a failed rank leaves behind."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step >= self.step:
+            raise RuntimeError(f"injected failure at step {state.global_step}")
+
+
 class LoadingProbe(TrainerCallback):
     """How the model came out of loading, seen at the end of Trainer.__init__ (on_init_end):
     after build_model, before the strategy wraps it (DeepSpeed's engine and FSDP2's

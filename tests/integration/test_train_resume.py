@@ -92,16 +92,16 @@ def test_second_launch_resumes_at_the_next_step_and_skips_a_half_written_checkpo
             step, second, expected)
 
 
-def test_failing_rank_writes_its_traceback(runs_root: Path, tmp_path: Path) -> None:
-    # Passes validation (a readable file), then every row fails to tokenize on the ranks.
-    broken = tmp_path / "eval.jsonl"
-    broken.write_text('{"instruction": "2+2", "output": null}\n')
-    run = train(runs_root, "broken", ["strategy=ddp", f"dataset.eval_path={broken}"])
+def test_failing_rank_writes_its_traceback(runs_root: Path) -> None:
+    # Bad data no longer reaches the ranks (validation scans every row), so the failure is
+    # injected: every rank raises at the end of step 2.
+    failing = "train.callbacks=[{_target_:tests.integration.probes.FailAtStep,step:2}]"
+    run = train(runs_root, "broken", ["strategy=ddp", failing])
     assert run.returncode != 0
     # Both ranks fail; the launcher may kill the slower one before it writes its file.
     errors = sorted((run.run_dir / "logs").glob("rank*.error"))
     assert errors and {e.name for e in errors} <= {"rank0.error", "rank1.error"}
     for error in errors:
         text = error.read_text()
-        assert "Traceback" in text and str(broken) in text
+        assert "Traceback" in text and "injected failure at step 2" in text
     assert not (run.run_dir / "result.json").exists()
