@@ -24,8 +24,13 @@ def ftl(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=900, cwd=PROJECT_ROOT)
 
 
+def run_dirs(output_dir: Path) -> list[Path]:
+    """outputs/<run.name>/<timestamp> dirs (not the tokenized-data cache, .data/)."""
+    return [p for p in output_dir.glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")]
+
+
 def only_run_dir(output_dir: Path) -> Path:
-    (run_dir,) = [p for p in output_dir.glob("*/*") if p.is_dir()]
+    (run_dir,) = run_dirs(output_dir)
     return run_dir
 
 
@@ -63,14 +68,15 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
 
 
 def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
-    # Every bundled answer is cut off at 8 tokens: the ranks find no trainable example.
-    done = ftl("train", *FAST_TRAIN, "dataset.max_length=8", f"run.output_dir={tmp_path}")
+    # Bad data stops before any rank starts now, so the ranks' failure is injected.
+    failing = "train.callbacks=[{_target_:tests.integration.probes.FailAtStep,step:2}]"
+    done = ftl("train", *FAST_TRAIN, failing, f"run.output_dir={tmp_path}")
     assert done.returncode == 1, done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert "ftl train: the run failed" in done.stderr
     assert "rank 0: " in done.stderr and "rank 1: " in done.stderr
     assert str(run_dir / "logs" / "rank0.error") in done.stderr
-    assert "dataset.max_length" in (run_dir / "logs" / "rank0.error").read_text()
+    assert "injected failure at step 2" in (run_dir / "logs" / "rank0.error").read_text()
 
 
 def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
 
     second = ftl("train", *overrides)
     assert second.returncode == 0, second.stderr[-3000:]
-    second_dir = next(p for p in tmp_path.glob("*/*") if p != first_dir)
+    second_dir = next(p for p in run_dirs(tmp_path) if p != first_dir)
     checkpoint = first_dir / "checkpoints" / "checkpoint-4"
     assert (second_dir / "resume_from").read_text().strip() == str(checkpoint)
     result = json.loads((second_dir / "result.json").read_text())
@@ -92,7 +98,7 @@ def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
 
     third = ftl("train", *overrides)  # the run finished: the same command trains anew
     assert third.returncode == 0, third.stderr[-3000:]
-    third_dir = max(p for p in tmp_path.glob("*/*"))
+    third_dir = max(run_dirs(tmp_path))
     assert not (third_dir / "resume_from").exists()
     assert json.loads((third_dir / "result.json").read_text())["resumed_from"] is None
 
