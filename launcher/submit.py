@@ -73,6 +73,16 @@ def check_jobs(jobs: list[list[str]]) -> list[Checked]:
     return checked
 
 
+def _data_notice(checked: Checked) -> None:
+    """The job's rank 0 tokenizes when nobody has; say so, and how to do it here instead."""
+    from launcher.preprocess import read_prepared
+
+    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
+        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
+              "job will do it while the other ranks wait; `ftl preprocess` with the same "
+              "overrides does it here first.", file=sys.stderr)
+
+
 def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
@@ -80,6 +90,7 @@ def submit_checked(
     from launcher.launch import write_run
 
     prepared = write_run(checked, overrides)
+    _data_notice(checked)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     run_dir = RunDir(prepared.run_dir)
     script = run_dir / job_script_name(scheduler.name)
