@@ -10,8 +10,12 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.schema import RunConfig
+
+if TYPE_CHECKING:
+    from launcher.estimate import Estimate
 
 HUB_HOST = "huggingface.co"
 
@@ -160,3 +164,56 @@ def resume_source(cfg: RunConfig) -> Path | None:
         path = Path(resume).expanduser()
         return path.resolve() if path.is_dir() else None
     return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
+
+
+def output_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
+    """run.output_dir can be created and written, and its filesystem holds the checkpoints
+    the run keeps plus its final model (sizes: launcher/disk.py)."""
+    key = f"run.output_dir={cfg.run.output_dir}"
+    base = _nearest_existing(Path(cfg.run.output_dir))
+    if not base.is_dir():
+        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."]
+    if not os.access(base, os.W_OK | os.X_OK):
+        return [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
+    if estimate is None:
+        return []
+    from launcher.disk import disk_need
+
+    need = disk_need(cfg, estimate.params, estimate.trainable_params)
+    free = shutil.disk_usage(base).free
+    if free >= need.total_bytes:
+        return []
+    gib = 1024**3
+    at_least = "" if need.exact else "at least "
+    return [
+        f"{key}: {free / gib:.2f} GiB free on its filesystem ({base}); the run needs "
+        f"{at_least}{need.total_bytes / gib:.2f} GiB: {need.checkpoints} checkpoint(s) of "
+        f"{need.checkpoint_bytes / gib:.2f} GiB (train.save_total_limit="
+        f"{cfg.train.save_total_limit}) and the final model, {need.final_model_bytes / gib:.2f}"
+        " GiB. Fix: free space, another run.output_dir, or fewer kept checkpoints "
+        "(train.save_total_limit=2)."
+    ]
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
+    """With offload and cluster.host_memory_gib unset, this machine's RAM holds the states."""
+    row = estimate.row(cfg.strategy.name) if estimate is not None else None
+    if row is None or row.host_bytes <= 0 or cfg.cluster.host_memory_gib > 0:
+        return []
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if row.host_bytes <= total:
+        return []
+    gib = 1024**3
+    return [
+        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / gib:.1f} "
+        f"GiB of host RAM, this machine has {total / gib:.1f} GiB. Fix: a strategy without "
+        "offload that fits (`ftl estimate`), more nodes, or peft=lora."
+    ]
+

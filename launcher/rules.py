@@ -96,6 +96,12 @@ def _positive(cfg: RunConfig) -> list[str]:
             f"train.epochs={train.epochs}: must be greater than 0 when train.max_steps=-1. "
             "Fix: train.epochs=1 or set train.max_steps."
         )
+    if train.save_total_limit < 0 or train.save_total_limit == 1:
+        problems.append(
+            f"train.save_total_limit={train.save_total_limit}: keep 0 (all checkpoints) or at "
+            "least 2; with 1 the oldest is deleted before the newest is complete, so a crash "
+            "then leaves nothing to resume from. Fix: train.save_total_limit=2."
+        )
     if train.eval_steps < 0:
         problems.append(f"train.eval_steps={train.eval_steps}: must be >= 0 (0: at the end).")
     if not 0 <= train.warmup_ratio < 1:

@@ -161,6 +161,9 @@ class TrainConfig:
     global_batch_size: int | None = None
     """If set, must equal micro_batch_size x grad_accum x world size."""
     save_steps: int = 500
+    save_total_limit: int = 0
+    """Checkpoints kept, oldest deleted first; 0: all. At least 2: the Trainer deletes the
+    oldest before the newest is marked COMPLETE, so 1 could leave no complete checkpoint."""
     eval_steps: int = 0
     """0: evaluate at the end only."""
     logging_steps: int = 10

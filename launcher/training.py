@@ -68,6 +68,7 @@ def training_arguments(
         max_grad_norm=t.max_grad_norm,
         save_strategy="steps" if t.save_steps > 0 else "no",
         save_steps=max(t.save_steps, 1),
+        save_total_limit=t.save_total_limit or None,
         logging_steps=t.logging_steps,
         eval_strategy="steps" if t.eval_steps > 0 else "no",
         eval_steps=t.eval_steps if t.eval_steps > 0 else None,

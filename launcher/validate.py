@@ -87,9 +87,11 @@ def _launch_problems(checked: Checked) -> list[str]:
     cfg = checked.cfg
     if checked.target == "train":
         problems = preflight.local_launch_problems(cfg)
+        problems += preflight.host_memory_problems(cfg, checked.estimate)
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
+    problems += preflight.output_problems(cfg, checked.estimate)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
     return problems + _fit_problems(checked)
