@@ -48,9 +48,12 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m 'not slow'
 
 # Benchmarks print a table and write bench/results/<name>.json (ratios measured side by side).
+# About 30 minutes on 2 cores; the GPU one is separate: `bash bench/gpu.sh` on a GPU machine.
 bench: venv
 	$(BIN)/python bench/plan_latency.py
 	$(BIN)/python bench/preprocess.py
+	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/strategy_table.py
 
 lint: venv
 	$(BIN)/ruff check launcher tests scripts bench

@@ -60,3 +60,45 @@ def report(bench: str, entries: list[dict[str, Any]]) -> None:
         print(f"{e['name']:<40}{e['ours']:>10.3f}{e['baseline']:>10.3f}{e['ratio']:>8.3f}"
               f"{e['spread']:>8.2f}  {e['unit']}")
     print(f"written: {RESULTS / f'{bench}.json'}", file=sys.stderr)
+
+
+def entry(name: str, ours: Sequence[float], baseline: Sequence[float], unit: str,
+          **extra: Any) -> dict[str, Any]:
+    """One result from runs already interleaved by the caller (several figures per run)."""
+    ours_median, base_median = statistics.median(ours), statistics.median(baseline)
+    return {
+        "name": name,
+        "ours": ours_median,
+        "baseline": base_median,
+        "ratio": ours_median / base_median,
+        "unit": unit,
+        "runs": len(ours),
+        "spread": max(ours) / min(ours),
+        "baseline_spread": max(baseline) / min(baseline),
+        **extra,
+    }
+
+
+def load_average() -> float:
+    """The 1-minute load average (how busy the shared machine was while measuring)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def bench_env() -> dict[str, str]:
+    """The environment for benchmark runs: DeepSpeed's JIT-built ops (on CPU, a shared-
+    memory comm op built at the first distributed init) in a cache of this venv's own.
+    DeepSpeed keys ~/.cache/torch_extensions by Python and torch version only, so two venvs
+    on one machine rebuild each other's op (25-80 s of start-up each time), which would
+    land in whichever run comes next."""
+    import hashlib
+    import os
+
+    env = dict(os.environ)
+    if "TORCH_EXTENSIONS_DIR" not in env:
+        venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
+        env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "ftl-bench" /
+                                          "torch_extensions" / venv)
+    return env

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from launcher import timing
 from launcher.checkpoints import write_complete_marker
 from launcher.rundir import RunDir
 
@@ -43,7 +44,11 @@ class MetricsCallback(TrainerCallback):
     Every launch (first start, requeue, `ftl train` again) is one line of launches.jsonl:
     which checkpoint it resumed from and the step it started at, and each metrics line
     names its launch, so a resume can never be mistaken for a restart from step 0.
-    FLOPs per token and the device peak come from plan.json."""
+    FLOPs per token and the device peak come from plan.json.
+
+    At the end of each launch's first step rank 0 prints where its start-up went
+    ("[ftl] start-up: ...") and appends it to metrics.jsonl as {"event": "startup"}; the
+    worker adds {"event": "finish"} after the final eval and save (launcher/timing.py)."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:
@@ -57,6 +62,7 @@ class MetricsCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        timing.mark("train_begin")
         if not state.is_world_process_zero:
             return
         path = self.run_dir.launches
@@ -82,9 +88,39 @@ class MetricsCallback(TrainerCallback):
             return
         record: dict[str, Any] = {"step": state.global_step, "launch": self.launch,
                                   "time": time.time(), **logs}
+        self._append(record)
+        print(progress_line(record, state.max_steps), flush=True)
+
+    def _append(self, record: dict[str, Any]) -> None:
         with self.run_dir.metrics.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
-        print(progress_line(record, state.max_steps), flush=True)
+
+    def record_phases(self, event: str, figures: dict[str, float], state: TrainerState) -> None:
+        """Rank 0: one metrics.jsonl line {"event": "startup"|"finish", event: {phase: s}}
+        (launcher/timing.py) and its console line."""
+        if not state.is_world_process_zero:
+            return
+        self._append({"step": state.global_step, "launch": self.launch, "time": time.time(),
+                      "event": event, event: figures,
+                      "peak_memory_mib": round(peak_memory_mib(), 1)})
+        line = timing.startup_line if event == "startup" else timing.finish_line
+        print(line(figures), flush=True)
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if not timing.MARKS.has("first_step"):
+            timing.mark("first_eval")  # train.eval_on_start: before the first step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step >= state.max_steps:
+            timing.mark("last_step")
+        if timing.MARKS.has("first_step"):
+            return
+        timing.mark("first_step")  # this launch's first step: its start-up is complete
+        self.record_phases("startup", timing.rank_startup(str(self.run_dir.path)), state)
 
     def _add_throughput(self, logs: dict[str, Any], tokens: int, world_size: int) -> None:
         """Since the previous log event that saw new tokens (all ranks together; the
@@ -108,6 +144,78 @@ class MetricsCallback(TrainerCallback):
         record = {"rank": args.process_index, "peak_memory_mib": round(peak_memory_mib(), 1),
                   "tokens_seen": int(state.num_input_tokens_seen or 0)}
         (out / f"rank{args.process_index}.json").write_text(json.dumps(record) + "\n")
+
+
+class TokenCounter(TrainerCallback):
+    """`include_num_input_tokens_seen="all"` without a collective per micro-batch.
+
+    The Trainer (transformers 5.24, `_track_num_input_tokens`) gathers every micro-batch's
+    input-token count from all ranks and reads it back (`.item()`): a blocking round trip
+    per step, about 0.5-2 ms on 2 CPU ranks (bench/train_overhead.py). Installed with
+    `install`, this rank counts its own tokens and the ranks sum them (one all-reduce) only
+    at a step end after which something reads `state.num_input_tokens_seen`: a log, an
+    eval, a checkpoint, the end of training; every rank decides alike from the same
+    control flags, which it sees last of all callbacks. The count at every one of those
+    points, in the logs, checkpoints and result, equals the Trainer's own."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+    @classmethod
+    def install(cls, trainer: Any) -> TokenCounter | None:
+        """Replace the Trainer's per-micro-batch gather (only for "all": the count is the
+        input_ids' numel); None, and the Trainer counts as before, otherwise."""
+        if (trainer.args.include_num_input_tokens_seen != "all"
+                or not callable(getattr(trainer, "_track_num_input_tokens", None))):
+            return None
+        counter = cls()
+        name = getattr(trainer.model, "main_input_name", "input_ids")
+        trainer._track_num_input_tokens = lambda inputs: counter.track(inputs, name)
+        trainer.add_callback(counter)  # last: after every callback that may set a flag
+        return counter
+
+    def track(self, inputs: dict[str, Any], name: str = "input_ids") -> None:
+        if name in inputs:
+            self.pending += int(inputs[name].numel())
+
+    def sync(self, state: TrainerState) -> None:
+        """Add every rank's tokens counted since the last sync (all ranks call it)."""
+        total = self.pending
+        if dist.is_available() and dist.is_initialized():
+            device = (torch.device("cuda", torch.cuda.current_device())
+                      if dist.get_backend() == "nccl" else torch.device("cpu"))
+            value = torch.tensor(self.pending, dtype=torch.int64, device=device)
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            total = int(value.item())
+        state.num_input_tokens_seen = (state.num_input_tokens_seen or 0) + total
+        self.pending = 0
+
+    def _sync_if_read(self, state: TrainerState, control: TrainerControl) -> None:
+        if (control.should_log or control.should_evaluate or control.should_save
+                or control.should_training_stop):
+            self.sync(state)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self._sync_if_read(state, control)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self._sync_if_read(state, control)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.sync(state)
+
+
+def record_finish(trainer: Any) -> None:
+    """After the final eval and save: their phases, like the start-up's (rank 0)."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, MetricsCallback):
+            callback.record_phases("finish", timing.finish(), trainer.state)
 
 
 def progress_line(record: dict[str, Any], max_steps: int) -> str:

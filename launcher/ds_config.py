@@ -24,11 +24,14 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
   by the HF cosine/linear schedule. With no "optimizer" block it uses the Trainer's
   torch AdamW and sets zero_allow_untested_optimizer itself.
 - The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
-  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here.
+  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with one
+  floor: a bucket is never smaller than 2**20 elements or the whole model (bucket_elements).
 
 On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
 the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
-(docs/stack-notes.md: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block.
+(docs/stack-notes.md: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block,
+unless `train.optimizer=torch`, which writes the cpu preset's blocks on any preset: the
+Trainer's torch AdamW (fused on GPUs), no op to JIT-build, no nvcc needed.
 
 This module must not import torch or deepspeed: `ftl plan` and `ftl ds-config` use it.
 """
@@ -40,11 +43,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import ConfigError
+from launcher.flops import count_params
 from launcher.hardware import gpu_preset
 from launcher.schema import PrecisionConfig, RunConfig
 from launcher.strategies import deepspeed_strategies
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+MIN_BUCKET_ELEMENTS = 2**20
+"""The smallest ZeRO bucket written (4 MiB in fp32) unless the model itself is smaller."""
+OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
+"""train.optimizer: see launcher/schema.py."""
 REFERENCE_OVERRIDES: tuple[str, ...] = (
     "model=llama-7b",
     "cluster.gpu=a100-80g",
@@ -103,7 +112,7 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     strategy = cfg.strategy
     stage = strategy.zero_stage
     hidden = cfg.model.hidden_size
-    bucket = strategy.bucket_size or hidden * hidden  # HF's "auto" rule for reduce_bucket_size
+    bucket = strategy.bucket_size or bucket_elements(cfg)
     zero: dict[str, Any] = {
         "stage": stage,
         "overlap_comm": strategy.overlap_comm,
@@ -131,10 +140,25 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     return zero
 
 
+def bucket_elements(cfg: RunConfig) -> int:
+    """ZeRO's reduce/allgather bucket: HF's "auto" rule, hidden x hidden elements, but never
+    fewer than MIN_BUCKET_ELEMENTS or the whole model, whichever is smaller. Below that
+    every step runs dozens of tiny collectives, each paying a full round trip: hidden 64
+    (the tiny Llama) gave 4096-element buckets, ~40 reduces per step and 0.54x the
+    throughput of one bucket on 2 CPU ranks (bench/train_overhead.py). Models with a
+    hidden size of 1024 and more keep HF's rule."""
+    hidden = cfg.model.hidden_size
+    return max(hidden * hidden, min(MIN_BUCKET_ELEMENTS, count_params(cfg.model)))
+
+
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
-    """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu: torch AdamW."""
+    """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu, or
+    train.optimizer=torch: the Trainer's torch AdamW."""
     train = cfg.train
-    if gpu_preset(cfg.cluster.gpu).is_cpu:
+    if train.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer={train.optimizer}: not one of "
+                          f"{', '.join(OPTIMIZERS)}. Fix: pick one.")
+    if gpu_preset(cfg.cluster.gpu).is_cpu or train.optimizer == "torch":
         # The Trainer's torch AdamW; the HF integration sets zero_allow_untested_optimizer
         # too, written here so the file also works outside the Trainer.
         return {"zero_force_ds_cpu_optimizer": False, "zero_allow_untested_optimizer": True}

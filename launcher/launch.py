@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import timing
 from launcher.command import Launch
 from launcher.compose import compose_config
 from launcher.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
@@ -31,7 +32,9 @@ class Prepared:
 
 def check(overrides: list[str], target: Target) -> Checked:
     """Compose and validate (every problem in one ConfigError); writes nothing."""
-    return validate(compose_config(overrides), target)
+    checked = validate(compose_config(overrides), target)
+    timing.mark("validated")
+    return checked
 
 
 def prepare(overrides: list[str], target: Target) -> Prepared:
@@ -41,6 +44,7 @@ def prepare(overrides: list[str], target: Target) -> Prepared:
 
 def write_run(checked: Checked, overrides: list[str]) -> Prepared:
     """The plan's run dir, written in one atomic step (with the job script for submit)."""
+    timing.mark("data_ready")  # `ftl train` prepares the tokenized data after check()
     plan = make_plan(checked)
     cfg = plan.cfg
     run_dir = new_run_dir_path(cfg.run.output_dir, cfg.run.name).resolve()
@@ -68,7 +72,13 @@ def run_local(prepared: Prepared) -> int:
     """Start the launcher; on failure say which rank failed and where its log is."""
     run_dir = RunDir(prepared.run_dir)
     print(f"ftl train: run dir {run_dir.path} (per-rank logs in {run_dir.logs})", flush=True)
-    env = {**os.environ, **prepared.launch.env}
+    started = timing.process_start_time()
+    if started is not None:
+        timing.MARKS.mark(timing.FIRST_MARK, started)
+    timing.mark("spawn")
+    # The ranks report start-up from this process's start (launcher/timing.py).
+    env = {**os.environ, **prepared.launch.env,
+           **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
     returncode = subprocess.call(resolve_tool(prepared.launch.argv), env=env)
     if returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)

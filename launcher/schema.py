@@ -176,6 +176,12 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
+    optimizer: str = "auto"
+    """AdamW implementation. auto: DeepSpeed's own under DeepSpeed on GPU presets (FusedAdam;
+    DeepSpeedCPUAdam with offload_optimizer), both JIT-compiled on first use (FusedAdam with
+    nvcc: it needs the CUDA toolkit); the Trainer's torch AdamW elsewhere (fused on GPUs).
+    torch: the Trainer's torch AdamW everywhere (torch's fused CUDA kernel on GPUs, as fast
+    as FusedAdam): nothing to compile, so a machine with only the driver can run DeepSpeed."""
     mfu: float = 0.4
     """Model FLOPs utilisation assumed by the time estimate."""
     eval_on_start: bool = False

@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from launcher import timing
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.encode import adopt_chat_template
@@ -47,24 +48,30 @@ def main(argv: list[str] | None = None) -> int:
 def train(run_dir: RunDir) -> dict[str, Any] | None:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
+    timing.import_stack(cfg)  # start-up phases: the imports on their own
     quiet_progress_bars()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
     datasets = rank_datasets(cfg, Path(json.loads(run_dir.plan.read_text())["data_dir"]),
                              tokenizer, int(os.environ.get("RANK", "0")), run_dir.rank_error("0"))
+    timing.mark("data_loaded")
     accelerator_config = setup_distributed(cfg, on_cpu)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None)
+    timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     model = apply_peft(build_model(cfg, tokenizer), cfg)
+    timing.mark("model_built")
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
+    timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     start_step = _step_of(resume)
     trainer.train(resume_from_checkpoint=resume_text)
+    timing.mark("train_end")
     if trainer.state.global_step < trainer.state.max_steps:
         # Stopped early (preemption, a stop request): the last complete checkpoint is the
         # state to continue from; the final eval and model belong to the finished run.
@@ -72,9 +79,14 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
         shutdown()
         return None
     final_eval = final_evaluation(trainer)
+    timing.mark("final_eval")
     model_dir = save_final_model(
         trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
     )
+    timing.mark("saved")
+    from launcher.callbacks import record_finish
+
+    record_finish(trainer)
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir)
     if trainer.is_world_process_zero():
         run_dir.result.write_text(json.dumps(result, indent=2) + "\n")

@@ -269,6 +269,25 @@ def test_stage_3_keys_follow_hfs_hidden_size_rules() -> None:
     assert "allgather_bucket_size" not in zero and "offload_param" not in zero
 
 
+def test_buckets_are_never_tinier_than_a_million_elements_or_the_model() -> None:
+    """HF's h*h rule gives the tiny Llama (h=64) 4096-element buckets: dozens of
+    collectives per step. The floor is 2**20 elements, or the whole model if smaller."""
+    from launcher.ds_config import MIN_BUCKET_ELEMENTS
+    from launcher.flops import count_params
+
+    tiny = cfg_for("strategy=zero3")
+    zero = build_ds_config(tiny)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == count_params(tiny.model) < MIN_BUCKET_ELEMENTS
+    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * count_params(tiny.model))
+    assert zero["stage3_param_persistence_threshold"] == 10 * 64  # still HF's rule
+    mid = cfg_for("strategy=zero2", "model.hidden_size=512", "model.num_heads=8",
+                  "model.num_kv_heads=8", "model.num_layers=8")
+    assert build_ds_config(mid)["zero_optimization"]["reduce_bucket_size"] == MIN_BUCKET_ELEMENTS
+    wide = cfg_for("strategy=zero2", "model.hidden_size=2048", "model.num_heads=16",
+                   "model.num_kv_heads=16")
+    assert build_ds_config(wide)["zero_optimization"]["reduce_bucket_size"] == 2048 * 2048
+
+
 def test_bucket_size_and_gather_overrides() -> None:
     cfg = cfg_for(
         "strategy=zero3", "strategy.bucket_size=1000000", "strategy.gather_weights_on_save=false"
@@ -312,6 +331,30 @@ def test_gpu_preset_gets_deepspeed_adamw_from_train_values() -> None:
     }
     assert "scheduler" not in ds  # the HF Trainer's scheduler drives DeepSpeed's optimizer
     assert "zero_force_ds_cpu_optimizer" not in ds
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3_offload"])
+def test_torch_optimizer_on_a_gpu_preset_needs_no_deepspeed_op(strategy: str) -> None:
+    """train.optimizer=torch: the Trainer's torch AdamW (fused on GPUs) under DeepSpeed, so
+    no FusedAdam / DeepSpeedCPUAdam is JIT-compiled (no nvcc needed)."""
+    ds = build_ds_config(cfg_for(f"strategy={strategy}", *GPU, "train.optimizer=torch"))
+    assert "optimizer" not in ds and "scheduler" not in ds
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    assert ds["zero_allow_untested_optimizer"] is True
+    assert check_ds_config(ds) == []
+    # Everything else is what the default (DeepSpeed's AdamW) run gets.
+    default = build_ds_config(cfg_for(f"strategy={strategy}", *GPU))
+    assert {k: v for k, v in default.items() if k != "optimizer"} == {
+        k: v for k, v in ds.items()
+        if k not in ("zero_force_ds_cpu_optimizer", "zero_allow_untested_optimizer")
+    }  # fmt: skip
+
+
+def test_unknown_optimizer_is_a_config_error() -> None:
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.optimizer=adam: not one of auto, torch"):
+        build_ds_config(cfg_for("strategy=zero2", *GPU, "train.optimizer=adam"))
 
 
 # --- the generator's self-check -----------------------------------------------------

@@ -1,0 +1,215 @@
+"""Where a launch's time goes before its first step (and after its last): start-up phases.
+
+Every launch pays its start-up again (every `ftl train`, every Slurm requeue), so each run
+shows it: rank 0 prints one line after the first step,
+
+    [ftl] start-up: 14.2 s to the end of the first step (s): compose+validate 0.61  ...
+
+and appends the same figures to metrics.jsonl as {"event": "startup", "startup": {phase:
+seconds}}; after the final eval and model save a {"event": "finish", "finish": {...}} line
+follows. The cost on the ranks is a handful of `time.time()` calls.
+
+Marks are wall-clock seconds (`time.time()`), so the `ftl` process and the ranks, which
+are different processes, share one clock; they are named after the moment that ends a
+phase. `ftl train` passes its own marks to the ranks in the environment (ENV, JSON naming
+the run dir, so a stale variable never applies to another run); ranks started by a
+scheduler or by `launch.sh` by hand have no such marks and report from their own process
+start on. A rank's process start is read from /proc (Linux); elsewhere "process launch"
+and "imports" show as one phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.schema import RunConfig
+
+ENV = "FTL_STARTUP_MARKS"
+
+# (phase, mark that ends it), in order. A phase runs from the latest earlier mark that
+# exists to its own mark; a phase whose mark is missing is left out (e.g. no `ftl`
+# process under Slurm, no eval before the first step).
+STARTUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("compose+validate", "validated"),    # ftl: compose, validate, estimate, machine checks
+    ("data cache", "data_ready"),         # ftl: find (or build) the tokenized data
+    ("plan+run dir", "spawn"),            # ftl: plan, write the run dir, start the launcher
+    ("process launch", "process_start"),  # torchrun/deepspeed start, spawn the rank
+    ("imports", "imported"),              # python, torch, transformers, datasets, deepspeed
+    ("data", "data_loaded"),              # tokenizer, the cached data from disk
+    ("distributed init", "args_ready"),   # process group, TrainingArguments
+    ("model build", "model_built"),       # from config or weights (+ PEFT)
+    ("trainer", "trainer_built"),         # Trainer, accelerator, callbacks
+    ("engine init", "train_begin"),       # DDP / DeepSpeed / FSDP wrap, optimizer, resume
+    ("first eval", "first_eval"),         # train.eval_on_start
+    ("first step", "first_step"),         # first batch, forward, backward, optimizer step
+)
+FIRST_MARK = "ftl_start"
+# After the last step: the Trainer's own wrap-up (an eval the schedule puts at the last
+# step, the final checkpoint, its summary), then the worker's final eval and model save.
+FINISH_PHASES: tuple[tuple[str, str], ...] = (
+    ("last eval+checkpoint", "train_end"),
+    ("final eval", "final_eval"),
+    ("save", "saved"),
+)
+FINISH_FIRST_MARK = "last_step"
+
+
+class Marks:
+    """This process's marks (name -> time.time()); the first mark of a name wins."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str, at: float | None = None) -> None:
+        self.marks.setdefault(name, time.time() if at is None else at)
+
+    def has(self, name: str) -> bool:
+        return name in self.marks
+
+    def clear(self) -> None:
+        self.marks.clear()
+
+
+MARKS = Marks()
+"""The process-wide marks: the worker, its callbacks and `ftl train` add to them."""
+
+
+def mark(name: str) -> None:
+    MARKS.mark(name)
+
+
+def import_stack(cfg: RunConfig) -> None:
+    """Import what this run uses now, so the imports show as a phase of their own instead
+    of inflating whichever step needs them first; and hide what it does not use.
+
+    transformers imports peft (and peft bitsandbytes) whenever peft is installed, and
+    accelerate imports deepspeed whenever deepspeed is installed, for every run: about
+    1-2 s per rank each on 2 cores (docs/stack-notes.md, "Import costs"). A run without
+    PEFT on a plain model, or without DeepSpeed, marks them absent in sys.modules (None:
+    `find_spec` answers None, `import` raises ImportError), so their availability checks
+    say no. Only done while none of those libraries is imported yet, so no library can
+    have seen them as available first. (Which libraries a process imported also used to
+    decide glibc's malloc thresholds, and with them ~10 % of a CPU step: the worker now
+    fixes those itself, training.keep_freed_memory.)"""
+    hidden = unused_libraries(cfg)
+    if not any(name in sys.modules for name in (*HEAVY, *hidden)):
+        for name in hidden:
+            sys.modules.setdefault(name, None)  # type: ignore[assignment]
+    import datasets  # noqa: F401
+    import transformers.trainer  # noqa: F401
+
+    if cfg.strategy.backend == "deepspeed":
+        import deepspeed  # noqa: F401
+    mark("imported")
+
+
+HEAVY = ("transformers", "accelerate", "peft", "bitsandbytes", "deepspeed")
+
+
+def unused_libraries(cfg: RunConfig) -> tuple[str, ...]:
+    """Installed libraries a run never touches: peft and bitsandbytes without PEFT on a model
+    built from config or from a local plain (unquantized, non-adapter) checkpoint; deepspeed
+    under ddp and fsdp."""
+    hidden: list[str] = []
+    if cfg.peft.name == "none" and _plain_model(cfg.model.path):
+        hidden += ["peft", "bitsandbytes"]
+    if cfg.strategy.backend in ("ddp", "fsdp"):
+        hidden.append("deepspeed")
+    return tuple(hidden)
+
+
+def _plain_model(path: str) -> bool:
+    if not path:
+        return True  # built from the architecture numbers
+    directory = Path(path)
+    if not (directory / "config.json").is_file() or (directory / "adapter_config.json").exists():
+        return False  # a hub id (not inspected here) or an adapter: leave everything visible
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "quantization_config" not in config
+
+
+def phases(marks: Mapping[str, float], order: tuple[tuple[str, str], ...] = STARTUP_PHASES,
+           first: str = FIRST_MARK) -> dict[str, float]:
+    """Seconds per phase, in order: each from the latest earlier mark present to its own.
+    Phases without their mark, or without any earlier mark, are left out; a negative span
+    (clocks of two machines) is dropped rather than shown."""
+    out: dict[str, float] = {}
+    previous = marks.get(first)
+    for phase, end in order:
+        at = marks.get(end)
+        if at is None:
+            continue
+        if previous is not None and at >= previous:
+            out[phase] = round(at - previous, 3)
+        previous = at
+    return out
+
+
+def startup_line(startup: Mapping[str, float]) -> str:
+    """`[ftl] start-up: 14.2 s to the end of the first step (s): compose+validate 0.61  ...`."""
+    total = sum(startup.values())
+    parts = "  ".join(f"{name} {seconds:.2f}" for name, seconds in startup.items())
+    return f"[ftl] start-up: {total:.1f} s to the end of the first step (s): {parts}"
+
+
+def finish_line(finish: Mapping[str, float]) -> str:
+    parts = "  ".join(f"{name} {seconds:.2f}" for name, seconds in finish.items())
+    return f"[ftl] finish (s): {parts}"
+
+
+# ----------------------------------------------------------------- across processes
+
+
+def launch_env(run_dir: str, marks: Mapping[str, float]) -> dict[str, str]:
+    """The variable `ftl train` adds to the launcher's environment."""
+    return {ENV: json.dumps({"run_dir": str(run_dir), "marks": dict(marks)})}
+
+
+def inherited_marks(run_dir: str, environ: Mapping[str, str] = os.environ) -> dict[str, float]:
+    """The `ftl` process's marks, if it launched this very run dir; else none."""
+    try:
+        payload = json.loads(environ.get(ENV, ""))
+        if os.path.realpath(payload["run_dir"]) != os.path.realpath(run_dir):
+            return {}
+        return {str(k): float(v) for k, v in payload["marks"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """When this process started (time.time() scale), from /proc; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        started_ticks = int(fields[19])  # field 22 (starttime) of proc(5), after pid and comm
+        since_boot = started_ticks / os.sysconf("SC_CLK_TCK")
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age if age >= 0 else None
+
+
+def rank_startup(run_dir: str, marks: Marks = MARKS) -> dict[str, float]:
+    """Phases of this launch up to its first step: the `ftl` process's marks (when it
+    launched this run dir), the process start, then this rank's marks."""
+    every = dict(inherited_marks(run_dir))
+    started = process_start_time()
+    if started is not None:
+        every["process_start"] = started
+    every.update(marks.marks)
+    return phases(every)
+
+
+def finish(marks: Marks = MARKS) -> dict[str, float]:
+    """Phases after the last step (empty for a launch that stopped early)."""
+    return phases(marks.marks, FINISH_PHASES, FINISH_FIRST_MARK)
