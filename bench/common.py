@@ -39,16 +39,7 @@ def side_by_side(
     for _ in range(runs):
         mine.append(ours())
         theirs.append(baseline())
-    ours_median, base_median = statistics.median(mine), statistics.median(theirs)
-    return {
-        "name": name,
-        "ours": ours_median,
-        "baseline": base_median,
-        "ratio": ours_median / base_median,
-        "unit": unit,
-        "runs": runs,
-        "spread": max(mine) / min(mine),
-    }
+    return entry(name, mine, theirs, unit)
 
 
 def report(bench: str, entries: list[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from launcher.ds_config import OPTIMIZERS
 from launcher.formats import FIELDS, FORMATS, unknown_renames
 from launcher.hardware import GPU_PRESETS
 from launcher.scheduler import SCHEDULERS
@@ -26,6 +27,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "peft.name": ("none", "lora", "qlora"),
     "dataset.format": FORMATS,
     "dataset.template": ("auto", "builtin"),
+    "train.optimizer": OPTIMIZERS,
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
 

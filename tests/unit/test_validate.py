@@ -165,6 +165,11 @@ def test_unknown_choice_lists_the_options() -> None:
     assert "h100-80g" in message and "v100-32g" in message
 
 
+def test_unknown_optimizer_is_refused_before_any_builder_runs() -> None:
+    message = only_problem(["train.optimizer=adam"])
+    assert "train.optimizer=adam: not one of auto, torch" in message
+
+
 def test_max_length_longer_than_model() -> None:
     message = only_problem(["dataset.max_length=1000"])
     assert "dataset.max_length=1000" in message and "model.max_position_embeddings=256" in message
