@@ -4,7 +4,6 @@ subprocess. Every decision comes from the one validation stage and the pure plan
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from launcher.rundir import (
     new_run_dir_path,
     write_run_dir,
 )
+from launcher.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
 from launcher.validate import Checked, Target, validate
 
 
@@ -69,7 +69,9 @@ def write_run(checked: Checked, overrides: list[str]) -> Prepared:
 
 
 def run_local(prepared: Prepared) -> int:
-    """Start the launcher; on failure say which rank failed and where its log is."""
+    """Start the launcher and watch it (launcher/supervise.py: Ctrl-C and SIGTERM stop at a
+    step boundary after a checkpoint); on failure say which rank failed and where its log is.
+    Exit status: 0 finished, STOPPED_EXIT stopped and resumable, ABORTED_EXIT aborted."""
     run_dir = RunDir(prepared.run_dir)
     print(f"ftl train: run dir {run_dir.path} (per-rank logs in {run_dir.logs})", flush=True)
     started = timing.process_start_time()
@@ -79,19 +81,23 @@ def run_local(prepared: Prepared) -> int:
     # The ranks report start-up from this process's start (launcher/timing.py).
     env = {**os.environ, **prepared.launch.env,
            **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
-    returncode = subprocess.call(resolve_tool(prepared.launch.argv), env=env)
-    if returncode == 0 and run_dir.result.is_file():
+    done = supervise(resolve_tool(prepared.launch.argv), env, run_dir)
+    if done.aborted:
+        print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "
+              "(if any) is where the same command resumes.", file=sys.stderr, flush=True)
+        return ABORTED_EXIT
+    if done.returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
         return 0
-    if returncode == 0:
+    if done.returncode == 0:
         print(
             "ftl train: stopped before the last step, after a complete checkpoint in "
             f"{run_dir.checkpoints}; the same `ftl train` command again resumes from it "
-            "(run.resume=auto).",
+            f"(run.resume=auto). Exit status {STOPPED_EXIT}: stopped, resumable.",
             flush=True,
         )
-        return 0
-    print(failure_report(run_dir, returncode), file=sys.stderr)
+        return STOPPED_EXIT
+    print(failure_report(run_dir, done.returncode), file=sys.stderr)
     return 1
 
 

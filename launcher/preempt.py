@@ -16,12 +16,24 @@ within a second or two of the request is as good as one at the next step (Slurm'
 signal_grace_s is minutes). The interval is itself agreed in the vote: each rank proposes
 how many of its recent steps fit in VOTE_EVERY_S and all take the smallest, so every rank
 votes at the same steps. A single process (no group) checks the file at every step end.
+
+Signals (issue: lose nothing): SIGTERM and SIGINT that reach a rank itself (torchrun and
+the deepspeed launcher forward theirs, with 30 s before they kill; Slurm and Kubernetes
+signal every process) are a stop request too: `stop_on_signals` makes them set a flag that
+the same vote reads, so the ranks save at the same step and stop. A repeated signal changes
+nothing on a rank (the launchers forward what the ranks already got); aborting at once is
+the job of the process the user talks to (`ftl train`: a second Ctrl-C kills the ranks).
+A stop for a signal also touches preempt.requested, so a batch script whose shell was not
+signalled still requeues.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from types import FrameType
 from typing import Any
 
 import torch
@@ -34,6 +46,32 @@ VOTE_EVERY_S = 1.0
 """Target seconds between two votes (the stop comes at most about this late)."""
 MAX_VOTE_INTERVAL = 100
 """Steps between two votes at most, however fast the steps."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class SignalFlag:
+    """The first stop signal this process received (its name), set by the handler."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            print(f"[ftl] {self.received}: saving a checkpoint at the next agreed step "
+                  "boundary, then stopping", flush=True)
+
+
+SIGNALLED = SignalFlag()
+
+
+def stop_on_signals(flag: SignalFlag = SIGNALLED) -> None:
+    """From now on SIGTERM and SIGINT ask for a stop at a step boundary (main thread only:
+    Python runs handlers there). Installed just before training: a signal earlier loses
+    no work, so it keeps its default meaning."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, flag.handle)
 
 
 class PreemptCallback(TrainerCallback):
@@ -45,8 +83,9 @@ class PreemptCallback(TrainerCallback):
     state to resume from; the requeued job finishes the run).
     """
 
-    def __init__(self, run_dir: RunDir) -> None:
+    def __init__(self, run_dir: RunDir, signals: SignalFlag = SIGNALLED) -> None:
         self.run_dir = run_dir
+        self.signals = signals
         self.preempted = False
         self.next_vote = 0  # global step of the next vote (every rank computes the same)
         self._last_vote: tuple[int, float] | None = None  # (step, monotonic time)
@@ -71,13 +110,17 @@ class PreemptCallback(TrainerCallback):
         control.should_save = True
         control.should_training_stop = True
         if state.is_world_process_zero:
-            record = {"step": state.global_step, "time": time.time()}
-            self.run_dir.preempted.write_text(json.dumps(record) + "\n")
-            print(
-                f"[ftl] preemption requested: saving checkpoint-{state.global_step} and "
-                "stopping; the requeued job resumes from it",
-                flush=True,
-            )
+            self._record_stop(state.global_step)
+
+    def _record_stop(self, step: int) -> None:
+        """Rank 0: RUN_DIR/preempted (the step, why) and, for a signal, preempt.requested."""
+        reason = self.signals.received or "preempt.requested"
+        if self.signals.received:
+            self.run_dir.preempt_requested.touch()  # the batch script requeues on it
+        record = {"step": step, "time": time.time(), "reason": reason}
+        self.run_dir.preempted.write_text(json.dumps(record) + "\n")
+        print(f"[ftl] stop requested ({reason}): saving checkpoint-{step} and stopping; "
+              "a relaunch (or the requeued job) resumes from it", flush=True)
 
     def _proposed_interval(self, step: int) -> int:
         """Steps until the next vote that this rank proposes: how many of its steps since
@@ -90,7 +133,7 @@ class PreemptCallback(TrainerCallback):
         return max(1, min(MAX_VOTE_INTERVAL, int(VOTE_EVERY_S / per_step)))
 
     def requested(self) -> bool:
-        return self.run_dir.preempt_requested.exists()
+        return self.signals.received is not None or self.run_dir.preempt_requested.exists()
 
 
 def vote(flag: bool, interval: int) -> tuple[bool, int]:

@@ -70,6 +70,9 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     start_step = _step_of(resume)
+    from launcher.preempt import stop_on_signals  # after import_stack: it imports transformers
+
+    stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop
     trainer.train(resume_from_checkpoint=resume_text)
     timing.mark("train_end")
     if trainer.state.global_step < trainer.state.max_steps:

@@ -513,3 +513,18 @@ class LoadingProbe(TrainerCallback):
                     param.zero_()
             record["perturbed"] = True
         write_probe(args, "loading", record)
+
+
+class SlowSteps(TrainerCallback):
+    """Sleep `seconds` at every step end on every rank: steps slow enough that a test can
+    send a signal at a chosen step (the losses are unchanged)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        import time
+
+        time.sleep(self.seconds)

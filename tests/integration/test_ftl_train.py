@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from launcher.compose import PROJECT_ROOT
+from launcher.supervise import STOPPED_EXIT
 from tests.integration.runs import FAST_TRAIN, callbacks
 
 pytestmark = pytest.mark.slow
@@ -82,7 +83,7 @@ def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
 def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
     overrides = ["strategy=ddp", *FAST_TRAIN, f"run.output_dir={tmp_path}"]
     first = ftl("train", *overrides, callbacks(stop=4))
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == STOPPED_EXIT, first.stderr[-3000:]  # stopped, resumable
     assert "stopped before the last step" in first.stdout
     first_dir = only_run_dir(tmp_path)
     assert not (first_dir / "result.json").exists()
