@@ -4,11 +4,13 @@ subprocess. Every decision comes from the one validation stage and the pure plan
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import timing
+from launcher.checkpoints import latest_complete_checkpoint
 from launcher.command import Launch
 from launcher.compose import compose_config
 from launcher.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
@@ -103,15 +105,37 @@ def run_local(prepared: Prepared) -> int:
 
 def failure_report(run_dir: RunDir, returncode: int) -> str:
     errors = sorted(run_dir.logs.glob("rank*.error"))
+    full = disk_full_line(run_dir)
     if not errors:
-        return (
+        return "\n".join(filter(None, [
             f"ftl train: the launcher exited with code {returncode} and no rank reported an "
-            f"error (killed or crashed at start?). Logs: {run_dir.logs}"
-        )
+            f"error (killed or crashed at start?). Logs: {run_dir.logs}", full]))
     lines = [f"ftl train: the run failed (launcher exit code {returncode})."]
     for error_file in errors:
         text = error_file.read_text().strip().splitlines()
         rank = error_file.stem.removeprefix("rank")
         lines.append(f"  rank {rank}: {text[-1] if text else '?'}  (traceback: {error_file})")
     lines.append(f"  per-rank logs: {run_dir.logs}")
-    return "\n".join(lines)
+    return "\n".join(filter(None, [*lines, full]))
+
+
+FULL_DISK_BYTES = 2**20
+"""Less free space than this after a failed run: the disk filled up (a save cannot finish,
+and a rank may not even have been able to write its error file)."""
+
+
+def disk_full_line(run_dir: RunDir) -> str | None:
+    """The clear error for a disk that filled during the run, naming the checkpoint that
+    stays the one to resume from (a half-written one has no COMPLETE marker)."""
+    try:
+        free = shutil.disk_usage(run_dir.path).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    kept = latest_complete_checkpoint(run_dir.checkpoints)
+    resume = (f"{kept} is complete and kept: the same command resumes from it"
+              if kept else "no complete checkpoint of this launch")
+    return (f"ftl train: the filesystem of {run_dir.path} is full ({free} bytes free): a "
+            f"save could not finish. {resume}. Fix: free space there (or set "
+            "train.save_total_limit / run.output_dir on a larger disk), then run again.")

@@ -4,6 +4,9 @@ dependency or service that CI must provide is missing, and that is a defect, not
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +18,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reporter.write_line(f"CI: {len(skipped)} test(s) skipped; a skip in CI is a failure",
                             red=True)
         session.exitstatus = 1
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """tmpfs(size) -> a real small filesystem (e.g. "1m"), unmounted after the test.
+    Mounting needs root: CI runs as root (and fails on the skip elsewhere)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        point = tmp_path / f"tmpfs-{len(mounts)}"
+        point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
+                       check=True)
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", str(point)], check=True)

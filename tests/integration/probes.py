@@ -528,3 +528,24 @@ class SlowSteps(TrainerCallback):
         import time
 
         time.sleep(self.seconds)
+
+
+class FillDisk(TrainerCallback):
+    """Rank 0 fills the filesystem of `path` at the end of step `step`, leaving
+    `leave_bytes` free: enough for the step's log line, not for the checkpoint that follows
+    (a disk that fills up during a save)."""
+
+    def __init__(self, step: int, path: str, leave_bytes: int = 65536) -> None:
+        self.step, self.path, self.leave_bytes = step, Path(path), leave_bytes
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        import shutil
+
+        if state.global_step != self.step or args.process_index != 0:
+            return
+        with self.path.open("wb") as filler:
+            while (free := shutil.disk_usage(self.path).free) > self.leave_bytes:
+                filler.write(bytes(min(2**20, free - self.leave_bytes)))
+                filler.flush()

@@ -59,7 +59,10 @@ def ftl_train_argv(root: Path, name: str, overrides: list[str]) -> list[str]:
 
 def run_dirs(root: Path, name: str) -> list[Path]:
     base = root / name
-    return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+    if not base.is_dir():
+        return []
+    # Not the hidden staging dir a launch writes before renaming it into place.
+    return sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def wait_for_step(metrics: Callable[[], Path | None], step: int,

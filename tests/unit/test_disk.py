@@ -3,8 +3,6 @@ how many checkpoints exist at once, and a real small filesystem that cannot hold
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,15 +61,8 @@ def test_output_dir_under_a_file_is_refused(tmp_path: Path):
 
 
 @pytest.fixture
-def small_filesystem(tmp_path: Path):
-    """A real 1 MiB tmpfs (CI runs as root; elsewhere the test cannot mount it)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+def small_filesystem(tmpfs):
+    return tmpfs("1m")
 
 
 def test_a_filesystem_too_small_for_the_checkpoints_is_refused(small_filesystem: Path):
