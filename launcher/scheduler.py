@@ -5,6 +5,10 @@ SCHEDULERS (imported lazily, so `ftl plan` loads none of them). `cluster.schedul
 it; its own settings live in its own config section (Slurm: `cluster.slurm.*`). Slurm is
 the first implementation (launcher/slurm.py); PBS, LSF or Kubernetes would each be one
 more module here, and nothing else changes.
+
+A running job is stopped through its run dir, not the scheduler (`ftl cancel`): the job
+script must end without resubmitting itself when RUN_DIR/cancel.requested exists, and
+exit launcher.supervise.STOPPED_EXIT when the ranks saved a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class JobInfo:
     reason: str = "None"
     script: Path | None = None
     """The batch script the job runs; its directory is the run dir."""
+    running: bool = False
+    """Its job script is executing, so a stop request in the run dir reaches it."""
 
 
 class Scheduler(Protocol):
@@ -60,7 +66,14 @@ class Scheduler(Protocol):
         """None when the scheduler does not (or no longer) know the job."""
         ...
 
-    def cancel(self, job_id: str) -> None: ...
+    def cancel(self, job_id: str) -> None:
+        """End the job now (pending or running), without waiting for a checkpoint."""
+        ...
+
+    def cancel_command(self, job_id: str) -> str:
+        """The command a user types to do what `cancel` does (named in `ftl cancel`'s
+        output for a running job, which is stopped gracefully instead)."""
+        ...
 
 
 def get_scheduler(name: str) -> Scheduler:

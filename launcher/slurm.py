@@ -1,20 +1,30 @@
 """Slurm, the first `Scheduler` (launcher/scheduler.py): the sbatch script (pure text),
 its rules, and the only sbatch / scontrol / scancel calls. Its settings: `cluster.slurm.*`.
 
-The job script, top to bottom: #SBATCH options -> a USR1 trap -> cluster.setup lines ->
-launcher environment -> head node from the allocation -> one srun task per node, each
-starting torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node,
-run as `srun ... & wait` so the trap can run while training -> requeue decision.
+The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
+requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
+head node from the allocation -> one srun task per node, each starting torchrun (c10d
+rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as `srun ... & wait`
+so the traps can run while training -> finished, cancelled, or requeue.
 
-Preemption and time limits (measured, docs/stack-notes.md): `--signal=B:USR1@grace`
-reaches only the batch shell, and bash runs a trap only when its foreground child exits,
-hence `& wait`. The trap does not signal the ranks: it touches RUN_DIR/preempt.requested,
-which every rank polls at each step end (launcher/preempt.py), whatever launcher sits
-between srun and the ranks. The ranks then agree, save a complete checkpoint, stop, and
-rank 0 writes RUN_DIR/preempted. The script requeues (`scontrol requeue`, same job id) only
-when the signal came, the run did not finish, and SLURM_RESTART_COUNT <
-cluster.slurm.max_restarts;
-the rerun uses the same run dir, so the worker resumes from the latest complete checkpoint.
+Stopping (measured, docs/stack-notes.md): every stop is RUN_DIR/preempt.requested, which
+every rank polls at step ends (launcher/preempt.py), whatever launcher sits between srun
+and the ranks. The ranks then agree, save a complete checkpoint, stop, and rank 0 writes
+RUN_DIR/preempted. Who touches the file:
+- the batch shell's traps: USR1 (`--signal=B:USR1@grace` before the time limit, `scancel
+  -b -s USR1`) and TERM/INT (a preemption, `scancel --full` / `--batch`). bash runs a trap
+  only when its foreground child exits, hence `& wait`;
+- each node's task, on a step's TERM/INT (`scancel -s TERM JOB`): the task runs its
+  launcher in a session of its own with TERM/INT ignored (and torchrun handling neither),
+  so the launcher cannot kill the ranks 30 s into their save; srun too runs in a session of
+  its own, since a TERM makes it kill the step;
+- rank 0 itself when a rank caught TERM/INT (proctrack/cgroup signals every process);
+- `ftl cancel` (launcher/submit.py), which first writes RUN_DIR/cancel.requested.
+At the end the script exits 0 when the run finished; with cancel.requested it exits
+STOPPED_EXIT (75) after a complete checkpoint and never requeues; otherwise after a stop
+request it requeues (`scontrol requeue`, same job id) while SLURM_RESTART_COUNT <
+cluster.slurm.max_restarts. The rerun uses the same run dir, so the worker resumes from the
+latest complete checkpoint.
 
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
@@ -32,6 +42,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from launcher.checkpoints import COMPLETE_MARKER
 from launcher.command import (
     HEAD_NODE_VAR,
     NODE_RANK_VAR,
@@ -42,11 +53,22 @@ from launcher.command import (
 )
 from launcher.errors import ConfigError
 from launcher.hardware import GPU_PRESETS
-from launcher.rundir import LOGS, PREEMPT_REQUESTED, PREEMPTED, RESULT
+from launcher.rundir import (
+    CANCEL_REQUESTED,
+    CHECKPOINTS,
+    LOGS,
+    PREEMPT_REQUESTED,
+    PREEMPTED,
+    RESULT,
+)
 from launcher.scheduler import JobInfo
 from launcher.schema import RunConfig
+from launcher.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
+TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
+"""The signals torchrun's agent may handle in a job (PET_SIGNALS_TO_HANDLE): not TERM and
+INT, which would make it kill the ranks 30 s later; the ranks handle those themselves."""
 
 SLURM_SIGNAL_MAX_S = 65535
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -225,7 +247,7 @@ def render_sbatch(
         "# Written by ftlaunch (`ftl submit`). Not `set -e`: the end decides on the exit code.",
         "set -uo pipefail",
         f"export {RUN_DIR_VAR}={q(run_dir)}",
-        f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        *_start_lines(),
         *_trap_lines(),
     ]
     if tool_dir is not None:
@@ -238,16 +260,30 @@ def render_sbatch(
     return "\n".join(lines) + "\n"
 
 
+def _start_lines() -> list[str]:
+    """Clear the previous start's stop request (a requeued job runs this again); honour an
+    `ftl cancel` that came before or while this runs (it writes cancel.requested first)."""
+    return [
+        f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
+        '    echo "ftl: cancelled by \\`ftl cancel\\` before this start; not training"',
+        f"    exit {STOPPED_EXIT}",
+        "fi",
+        f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
+    ]
+
+
 def _trap_lines() -> list[str]:
     return [
         "",
-        "# USR1 (--signal=B:USR1@grace, or `scancel -b -s USR1`): ask the ranks to save a",
-        "# checkpoint at the next step boundary and stop; the end of this script requeues.",
+        "# USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel",
+        "# --full` or `--batch`) and INT: ask the ranks to save a checkpoint at the next step",
+        "# boundary and stop; the end of this script requeues (not after `ftl cancel`).",
         "ftl_preempt() {",
-        '    echo "ftl: USR1 at $(date +%FT%T): checkpointing at the next step, then requeue"',
+        '    echo "ftl: $1 at $(date +%FT%T): checkpointing at the next step, then stopping"',
         f'    touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
         "}",
-        "trap ftl_preempt USR1",
+        *(f"trap 'ftl_preempt {name}' {name}" for name in ("USR1", "TERM", "INT")),
     ]
 
 
@@ -284,21 +320,62 @@ def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
     if cfg.cluster.slurm.cpus_per_task:
         # Slurm 22.05 steps do not inherit the job's --cpus-per-task.
         srun.append(f"--cpus-per-task={cfg.cluster.slurm.cpus_per_task}")
-    shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
-    argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
-    per_node = (
-        f'export {NODE_RANK_VAR}="$SLURM_NODEID"; '
-        f"exec {render_argv(argv, tuple(dict.fromkeys(shell_vars)))}"
-    )
     return [
         "# One task per node: it starts this node's ranks (node rank = SLURM_NODEID).",
-        f"{' '.join(srun)} \\",
-        f"    bash -c {shlex.quote(per_node)} &",
+        "# srun in a session of its own: a TERM to this script's process group (`scancel",
+        "# --full`) would make srun kill the step (\"forcing job termination\"), ignored or not.",
+        f"setsid {' '.join(srun)} \\",
+        f"    bash -c {shlex.quote(_per_node_script(cfg, launch, run_dir))} &",
         "step=$!",
-        "# wait returns early (status > 128) when the trap ran; then keep waiting for the step.",
+        *_wait_lines("step"),
+    ]
+
+
+def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
+    """The srun task: start this node's launcher where a step's TERM/INT cannot reach it,
+    and turn those signals into the stop request the ranks poll (docs/stack-notes.md).
+
+    `scancel -s TERM JOB` signals the task's process group (proctrack/pgid) or every
+    process of the step (proctrack/cgroup). torchrun and the deepspeed launcher would
+    answer by killing the ranks 30 s later, whatever the ranks were saving. So the launcher
+    runs in a session of its own (setsid: out of the task's process group) with TERM and
+    INT ignored, and torchrun's agent handles neither (PET_SIGNALS_TO_HANDLE). The ranks
+    set their own handlers (launcher/preempt.py); this shell touches preempt.requested.
+    Left open: under cgroup deepspeed's launch.py installs its own TERM/INT handlers and
+    still gives the ranks 30 s.
+    """
+    shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
+    argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
+    command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
+    exports = [f'{NODE_RANK_VAR}="$SLURM_NODEID"']
+    if cfg.cluster.launcher == "torchrun":
+        exports.append(f"PET_SIGNALS_TO_HANDLE={TORCHRUN_SIGNALS}")
+    lines = [
+        "",
+        f"export {' '.join(exports)}",
+        "ftl_stop() {",
+        f'    echo "ftl: node ${NODE_RANK_VAR}: $1: checkpointing at the next step, then stopping"',
+        f'    touch "${RUN_DIR_VAR}"/{PREEMPT_REQUESTED}',
+        "}",
+        'trap "ftl_stop TERM" TERM',
+        'trap "ftl_stop INT" INT',
+        f'(trap "" TERM INT; exec setsid {command}) &',
+        "launcher=$!",
+        *_wait_lines("launcher"),
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _wait_lines(pid_var: str) -> list[str]:
+    """Wait for a background child; a trap makes `wait` return early (status > 128), then
+    keep waiting. (bash runs a trap only between commands: hence `& wait`.)"""
+    return [
+        "# wait returns early (status > 128) when a trap ran; then keep waiting.",
         "while :; do",
-        '    rc=0; wait "$step" || rc=$?',
-        '    if [ "$rc" -gt 128 ] && kill -0 "$step" 2>/dev/null; then continue; fi',
+        f'    rc=0; wait "${pid_var}" || rc=$?',
+        f'    if [ "$rc" -gt 128 ] && kill -0 "${pid_var}" 2>/dev/null; then continue; fi',
         "    break",
         "done",
     ]
@@ -313,6 +390,8 @@ def _run_dir_var(arg: str, run_dir: str) -> str:
 
 
 def _finish_lines(cfg: RunConfig) -> list[str]:
+    """Finished -> 0; `ftl cancel`ed -> STOPPED_EXIT, never requeued; stopped on a signal
+    -> requeue; anything else is a failure."""
     max_restarts = cfg.cluster.slurm.max_restarts
     return [
         f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
@@ -320,11 +399,13 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
         "    exit 0",
         "fi",
-        f'if [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
+        f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
+        *_cancelled_lines(),
+        f'elif [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
         "    restarts=${SLURM_RESTART_COUNT:-0}",
         f'    if [ "$restarts" -lt {max_restarts} ]; then',
         f'        echo "ftl: requeueing (restart $((restarts + 1)) of {max_restarts}); '
-        'the rerun resumes from the latest complete checkpoint"',
+        'the rerun resumes from the latest complete checkpoint (step exit code $rc)"',
         '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
         '        echo "ftl: scontrol requeue failed"',
         "    else",
@@ -334,6 +415,24 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
+    ]
+
+
+def _cancelled_lines() -> list[str]:
+    """`ftl cancel`: the stop is for good. Exit STOPPED_EXIT when the checkpoint of the step
+    rank 0 recorded in `preempted` is complete (its COMPLETE marker, launcher/checkpoints.py),
+    whatever the launcher's own exit code."""
+    return [
+        f"    stop_step=$(sed -n 's/.*\"step\": *\\([0-9]*\\).*/\\1/p' "
+        f'"$FTL_RUN_DIR"/{PREEMPTED} 2>/dev/null)',
+        f'    if [ -n "$stop_step" ] && [ -e "$FTL_RUN_DIR"/{CHECKPOINTS}/checkpoint-"$stop_step"'
+        f"/{COMPLETE_MARKER} ]; then",
+        '        echo "ftl: cancelled by \\`ftl cancel\\` after a complete checkpoint (step '
+        f'$stop_step); not requeueing. Exit status {STOPPED_EXIT}: stopped, resumable"',
+        f"        exit {STOPPED_EXIT}",
+        "    fi",
+        '    echo "ftl: cancelled by \\`ftl cancel\\` without a new complete checkpoint; '
+        'not requeueing"',
     ]
 
 
@@ -416,7 +515,11 @@ class SlurmScheduler:
             nodes=info.get("NodeList", "?"),
             reason=info.get("Reason", "None"),
             script=Path(command) if command.startswith("/") else None,
+            running=info.get("JobState") == "RUNNING",
         )
 
     def cancel(self, job_id: str) -> None:
         scancel(job_id)
+
+    def cancel_command(self, job_id: str) -> str:
+        return f"scancel {shlex.quote(job_id)}"

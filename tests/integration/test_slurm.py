@@ -222,12 +222,84 @@ def test_preemption_checkpoints_requeues_and_resumes(reference: Job, tmp_path: P
     assert job.losses() == pytest.approx(expected, rel=1e-6, abs=1e-9)
 
 
-def test_status_and_cancel(slurm: None, tmp_path: Path) -> None:
-    job = submit_job([*TINY, "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"])
-    with redirect_stdout(StringIO()):
+SLOW_STEPS = "train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5}]"
+
+
+def wait_for_step(job: Job, step: int, timeout_s: float = 300) -> None:
+    """Until the job's rank 0 has logged `step` (half-second steps: SlowSteps)."""
+    wait_for_text(job.out, f"[ftl] step {step}/{STEPS}", timeout_s)
+
+
+def assert_resumed_like_the_reference(job: Job, reference: Job) -> int:
+    """The requeued run finished, resumed from a complete checkpoint of the stop, and every
+    step's loss (exactly one per step) equals the uninterrupted run's. -> the stop step."""
+    result = job.result
+    assert result["global_step"] == STEPS
+    resumed = Path(result["resumed_from"])
+    step = int(resumed.name.removeprefix("checkpoint-"))
+    assert 1 <= step < STEPS and (resumed / "COMPLETE").is_file()
+    assert not (job.run_dir / "preempted").exists()  # the rerun's start cleared it
+    lines = (job.run_dir / "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line)["step"] for line in lines if '"loss"' in line]
+    assert sorted(logged) == list(range(1, STEPS + 1)), logged  # one loss per step
+    assert job.losses() == pytest.approx(reference.losses(), rel=1e-6, abs=1e-9)
+    return step
+
+
+def test_step_sigterm_checkpoints_requeues_and_resumes(reference: Job, tmp_path: Path) -> None:
+    """`scancel --signal=TERM` reaches the job step only (not the batch shell): the per-node
+    task turns it into a stop request, its launcher is spared, the job requeues itself."""
+    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
+                      "run.name=sigterm", SLOW_STEPS])
+    wait_for_step(job, 2)
+    scancel(job.job_id, signal="TERM")
+    info = wait_for(job)
+    assert_completed(job, info)
+    log = job.out.read_text()
+    assert info["Restarts"] == "1", log
+    assert "ftl: node 0: TERM: checkpointing at the next step" in log
+    # torchrun was not signalled: it and its ranks exited 0 after the checkpoint
+    assert "ftl: requeueing (restart 1 of 3)" in log and "(step exit code 0)" in log, log
+    assert_resumed_like_the_reference(job, reference)
+
+
+def test_ftl_cancel_saves_and_stops_for_good(slurm: None, tmp_path: Path) -> None:
+    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
+                      "run.name=cancelled", SLOW_STEPS])
+    wait_for_step(job, 2)
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert cancel(job.job_id) == 0
+    assert f"job {job.job_id} is running" in printed.getvalue()
+    assert f"scancel {job.job_id}" in printed.getvalue()
+    info = wait_for(job)
+    log = job.out.read_text()
+    assert info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, job.logs())
+    stopped = json.loads((job.run_dir / "preempted").read_text())
+    step = stopped["step"]
+    assert 2 <= step < STEPS, stopped
+    checkpoint = job.run_dir / "checkpoints" / f"checkpoint-{step}"
+    assert (checkpoint / "COMPLETE").is_file()
+    assert not (job.run_dir / "result.json").exists()
+    assert f"cancelled by `ftl cancel` after a complete checkpoint (step {step})" in log
+    assert "ftl: requeueing" not in log and "(restart 1)" not in log
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(str(job.run_dir)) == 0
+    assert f"run: stopped by `ftl cancel` at step {step}, not requeued" in printed.getvalue()
+
+
+def test_status_and_cancel_of_a_pending_job(slurm: None, tmp_path: Path) -> None:
+    # Held (sbatch --hold): pending, so `ftl cancel` is Slurm's own cancel, at once.
+    job = submit_job([*TINY, "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}",
+                      "cluster.slurm.sbatch_extra=[--hold]"])
+    printed = StringIO()
+    with redirect_stdout(printed):
         assert cancel(str(job.run_dir)) == 0
+    assert f"cancelled job {job.job_id} (PENDING)" in printed.getvalue()
     info = wait_for(job, timeout_s=120)
     assert info["JobState"] == "CANCELLED"
+    assert not (job.run_dir / "cancel.requested").exists()
     printed = StringIO()
     with redirect_stdout(printed):
         assert status(job.job_id) == 0

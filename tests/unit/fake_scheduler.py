@@ -12,6 +12,8 @@ from launcher.schema import RunConfig
 
 SUBMITTED: dict[str, Path] = {}
 CANCELLED: list[str] = []
+RUNNING: dict[str, str] = {}
+"""Jobs a test declares running (id -> state shown), whose script would honour a stop."""
 
 
 class FakeScheduler:
@@ -38,8 +40,11 @@ class FakeScheduler:
         script = SUBMITTED.get(job_id)
         if script is None:
             return None
-        state = "CANCELLED" if job_id in CANCELLED else "PENDING"
-        return JobInfo(job_id=job_id, state=state, script=script)
+        state = "CANCELLED" if job_id in CANCELLED else RUNNING.get(job_id, "PENDING")
+        return JobInfo(job_id=job_id, state=state, script=script, running=job_id in RUNNING)
 
     def cancel(self, job_id: str) -> None:
         CANCELLED.append(job_id)
+
+    def cancel_command(self, job_id: str) -> str:
+        return f"fake-cancel {job_id}"

@@ -54,3 +54,30 @@ def test_its_rules_join_the_one_validation_stage(fake_registered: None, tmp_path
 def test_an_unregistered_scheduler_is_refused() -> None:
     with pytest.raises(ConfigError, match="cluster.scheduler=pbs: not one of none, slurm"):
         submit(["cluster=local", "cluster.scheduler=pbs"])
+
+
+def test_cancel_of_a_running_job_asks_its_script_to_stop(
+    fake_registered: None, tmp_path: Path
+) -> None:
+    """A running job is stopped through its run dir (the job script ends it with exit 75
+    after the ranks' checkpoint, tests/unit/test_slurm_render.py), not the scheduler."""
+    from tests.unit import fake_scheduler
+
+    with redirect_stdout(StringIO()):
+        assert submit([*FAKE, f"run.output_dir={tmp_path}"]) == 0
+    (run_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    job_id = (run_dir / "job_id").read_text().strip()
+    fake_scheduler.RUNNING[job_id] = "RUNNING"
+    try:
+        with redirect_stdout(StringIO()) as printed:
+            assert cancel(str(run_dir)) == 0
+        with redirect_stdout(StringIO()) as shown:
+            assert status(str(run_dir)) == 0
+    finally:
+        del fake_scheduler.RUNNING[job_id]
+    assert job_id not in fake_scheduler.CANCELLED
+    assert (run_dir / "cancel.requested").is_file() and (run_dir / "preempt.requested").exists()
+    text = printed.getvalue()
+    assert f"job {job_id} is running" in text and "exit status 75" in text
+    assert f"fake-cancel {job_id}" in text  # how to end it at once instead
+    assert "run: stopping (`ftl cancel`)" in shown.getvalue()

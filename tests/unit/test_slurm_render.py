@@ -100,7 +100,7 @@ def test_script_parses_and_holds_the_options(launcher: str) -> None:
                      f"--output={RUN_DIR}/logs/slurm-%j.out"):
         assert expected in flat
     assert "module load cuda/12.4\nsource /opt/venv/bin/activate\n" in text
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    srun = next(line for line in text.splitlines() if line.startswith("setsid srun "))
     assert "--nodes=4 --ntasks=4 --ntasks-per-node=1" in srun
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
     if launcher == "deepspeed":  # hostfile from the real node list, 8 slots each
@@ -122,7 +122,9 @@ def test_requeue_only_when_signalled_and_unfinished_and_under_the_limit() -> Non
     assert finished < requeue  # a finished run exits before the requeue branch
     assert 'if [ -e "$FTL_RUN_DIR"/preempt.requested ]' in text
     assert 'if [ "$restarts" -lt 2 ]' in text
-    assert "trap ftl_preempt USR1" in text and " &\nstep=$!" in text  # `& wait`: trap runs
+    for name in ("USR1", "TERM", "INT"):  # --signal=B:USR1, a preemption, scancel --full
+        assert f"trap 'ftl_preempt {name}' {name}" in text
+    assert " &\nstep=$!" in text  # `& wait`: the traps run while the step runs
 
 
 def test_hostile_run_name_stays_one_quoted_value() -> None:
@@ -262,10 +264,19 @@ def test_parse_scontrol_keeps_spaces_in_values() -> None:
 # bash with stand-ins for srun and scontrol. The srun stand-in signals its parent, the batch
 # shell, as Slurm's --signal=B:USR1 would, then behaves like the ranks would.
 FAKE_SRUN = """#!/bin/bash
-[ -n "$FAKE_SIGNAL" ] && kill -USR1 "$PPID" && sleep 0.5
+[ -n "$FAKE_SIGNAL" ] && kill -"$FAKE_SIGNAL" "$PPID" && sleep 0.5
+saved() {  # what the ranks leave after a stop at step 3: preempted + a complete checkpoint
+    echo '{"step": 3, "time": 1.0, "reason": "preempt.requested"}' > "$FTL_RUN_DIR/preempted"
+    mkdir -p "$FTL_RUN_DIR/checkpoints/checkpoint-3"
+    touch "$FTL_RUN_DIR/checkpoints/checkpoint-3/COMPLETE"
+}
 case "$FAKE_RANKS" in
   finish) echo '{}' > "$FTL_RUN_DIR/result.json" ;;
-  preempt) [ -e "$FTL_RUN_DIR/preempt.requested" ] && echo '{}' > "$FTL_RUN_DIR/preempted" ;;
+  preempt) [ -e "$FTL_RUN_DIR/preempt.requested" ] && saved ;;
+  cancel) echo 1 > "$FTL_RUN_DIR/cancel.requested"; touch "$FTL_RUN_DIR/preempt.requested"
+          saved ;;
+  cancel_unsaved) echo 1 > "$FTL_RUN_DIR/cancel.requested"
+                  touch "$FTL_RUN_DIR/preempt.requested" ;;
   crash) exit 3 ;;
 esac
 """
@@ -277,24 +288,13 @@ esac
 """
 
 
-@pytest.mark.parametrize(
-    ("signal", "ranks", "restarts", "exit_code", "requeued"),
-    [
-        ("", "finish", "", 0, False),  # plain finish
-        ("1", "finish", "", 0, False),  # signal came, but the run finished: no requeue
-        ("1", "preempt", "", 0, True),  # checkpoint + stop -> requeue
-        ("1", "preempt", "2", 0, True),  # restart 3 of 3 still allowed
-        ("1", "preempt", "3", 1, False),  # cluster.slurm.max_restarts=3 reached
-        ("", "crash", "", 3, False),  # a failure is reported, not retried
-        ("", "stop", "", 1, False),  # ranks exited 0 without finishing: not a success
-    ],
-)
-def test_requeue_decision(
-    tmp_path: Path, signal: str, ranks: str, restarts: str, exit_code: int, requeued: bool
-) -> None:
+def run_job_script(
+    tmp_path: Path, signal: str, ranks: str, restarts: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """The rendered script under bash, srun and scontrol replaced by the stand-ins above."""
     bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
-    bin_dir.mkdir()
-    run_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
+    run_dir.mkdir(exist_ok=True)
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -306,13 +306,114 @@ def test_requeue_decision(
     }
     if restarts:
         env["SLURM_RESTART_COUNT"] = restarts
-    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
                           timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("signal", "ranks", "restarts", "exit_code", "requeued"),
+    [
+        ("", "finish", "", 0, False),  # plain finish
+        ("USR1", "finish", "", 0, False),  # signal came, but the run finished: no requeue
+        ("USR1", "preempt", "", 0, True),  # checkpoint + stop -> requeue
+        ("TERM", "preempt", "", 0, True),  # a preemption's TERM to the batch shell: the same
+        ("INT", "preempt", "", 0, True),
+        ("USR1", "preempt", "2", 0, True),  # restart 3 of 3 still allowed
+        ("USR1", "preempt", "3", 1, False),  # cluster.slurm.max_restarts=3 reached
+        ("", "crash", "", 3, False),  # a failure is reported, not retried
+        ("", "stop", "", 1, False),  # ranks exited 0 without finishing: not a success
+        ("", "cancel", "", 75, False),  # ftl cancel: checkpoint, stopped for good
+        ("USR1", "cancel", "", 75, False),  # ... even when a preemption signal came too
+        ("", "cancel_unsaved", "", 1, False),  # cancelled without a complete checkpoint
+    ],
+)
+def test_requeue_decision(
+    tmp_path: Path, signal: str, ranks: str, restarts: str, exit_code: int, requeued: bool
+) -> None:
+    done = run_job_script(tmp_path, signal, ranks, restarts)
     assert done.returncode == exit_code, done.stdout + done.stderr
     assert (tmp_path / "requeued").exists() == requeued, done.stdout
     if requeued:
         assert (tmp_path / "requeued").read_text() == "77\n"
-    assert (run_dir / "preempt.requested").exists() == bool(signal)
+    run_dir = tmp_path / "run"
+    assert (run_dir / "preempt.requested").exists() == bool(signal or "cancel" in ranks)
+    if exit_code == 75:
+        assert "cancelled by `ftl cancel` after a complete checkpoint (step 3)" in done.stdout
+
+
+def test_a_cancel_before_the_start_ends_the_job_without_training(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "cancel.requested").write_text("1\n")
+    done = run_job_script(tmp_path, "", "finish")
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert "before this start; not training" in done.stdout
+    assert not (tmp_path / "run" / "result.json").exists()  # srun never ran
+
+
+# --- the per-node task: a step's TERM/INT reaches neither the launcher nor srun ----------
+# What a job step's signal does under Slurm (proctrack/pgid: the task's process group) is
+# measured on a real Slurm in tests/integration/test_slurm.py; here the per-node script runs
+# under bash as its own process group, with a stand-in launcher that records how it was
+# started and exits once the stop was requested.
+FAKE_LAUNCHER = """#!{python}
+import json, os, signal, sys, time
+run_dir = os.environ["FTL_RUN_DIR"]
+record = {{
+    "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+    "term_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
+    "int_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+    "signals_to_handle": os.environ.get("PET_SIGNALS_TO_HANDLE"),
+}}
+with open(os.path.join(run_dir, "launcher.json"), "w") as out:
+    json.dump(record, out)
+while not os.path.exists(os.path.join(run_dir, "preempt.requested")):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_step_signal_becomes_a_stop_request_and_spares_the_launcher(
+    tmp_path: Path, launcher: str, signal_name: str
+) -> None:
+    import json
+    import signal
+    import time
+
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run_dir.mkdir()
+    (bin_dir / launcher).write_text(FAKE_LAUNCHER.format(python=sys.executable))
+    (bin_dir / launcher).chmod(0o755)
+    cfg = compose_config([*CPU_JOB, "cluster.gpus_per_node=2", f"cluster.launcher={launcher}",
+                          *(["strategy=zero2"] if launcher == "deepspeed" else [])])
+    script = render_sbatch(cfg, run_dir)
+    srun = script[script.index("setsid srun "):]
+    (per_node,) = shlex.split(srun[:srun.index("\nstep=$!")])[-2:-1]  # bash -c <this> &
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FTL_RUN_DIR": str(run_dir),
+           "SLURM_NODEID": "0", "FTL_HEAD_NODE": "localhost"}
+    task = subprocess.Popen(["bash", "-c", per_node], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+    record_file = run_dir / "launcher.json"
+    deadline = time.monotonic() + 30
+    while not record_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the record is written whole before this test reads it
+    os.killpg(task.pid, getattr(signal, signal_name))  # as slurmstepd signals a task
+    out, _ = task.communicate(timeout=30)
+    assert task.returncode == 0, out  # the launcher's own exit status, not a signal's
+    assert f"ftl: node 0: {signal_name.removeprefix('SIG')}: checkpointing" in out
+    assert (run_dir / "preempt.requested").exists()
+    record = json.loads(record_file.read_text())
+    assert record["sid"] == record["pid"] != task.pid  # setsid: out of the task's group
+    assert record["term_ignored"] and record["int_ignored"]
+    expected = "SIGHUP,SIGQUIT" if launcher == "torchrun" else None
+    assert record["signals_to_handle"] == expected
+
+
+def test_srun_runs_in_a_session_of_its_own() -> None:
+    text = render_sbatch(compose_config(CPU_JOB), RUN_DIR)
+    assert "\nsetsid srun --nodes=1 " in text
 
 
 # --- the ranks' side: PreemptCallback ----------------------------------------------------

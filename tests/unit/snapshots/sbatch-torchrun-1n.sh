@@ -20,15 +20,23 @@
 # Written by ftlaunch (`ftl submit`). Not `set -e`: the end decides on the exit code.
 set -uo pipefail
 export FTL_RUN_DIR=/scratch/outputs/llama-7b-zero3/20260101-000000
+if [ -e "$FTL_RUN_DIR"/cancel.requested ]; then
+    echo "ftl: cancelled by \`ftl cancel\` before this start; not training"
+    exit 75
+fi
 rm -f "$FTL_RUN_DIR"/preempt.requested "$FTL_RUN_DIR"/preempted
+[ -e "$FTL_RUN_DIR"/cancel.requested ] && touch "$FTL_RUN_DIR"/preempt.requested
 
-# USR1 (--signal=B:USR1@grace, or `scancel -b -s USR1`): ask the ranks to save a
-# checkpoint at the next step boundary and stop; the end of this script requeues.
+# USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel
+# --full` or `--batch`) and INT: ask the ranks to save a checkpoint at the next step
+# boundary and stop; the end of this script requeues (not after `ftl cancel`).
 ftl_preempt() {
-    echo "ftl: USR1 at $(date +%FT%T): checkpointing at the next step, then requeue"
+    echo "ftl: $1 at $(date +%FT%T): checkpointing at the next step, then stopping"
     touch "$FTL_RUN_DIR"/preempt.requested
 }
-trap ftl_preempt USR1
+trap 'ftl_preempt USR1' USR1
+trap 'ftl_preempt TERM' TERM
+trap 'ftl_preempt INT' INT
 
 # cluster.setup (run as written)
 module load cuda/12.4
@@ -40,10 +48,29 @@ export FTL_HEAD_NODE
 echo "ftl: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, head node $FTL_HEAD_NODE, run dir $FTL_RUN_DIR"
 
 # One task per node: it starts this node's ranks (node rank = SLURM_NODEID).
-srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=32 \
-    bash -c 'export FTL_NODE_RANK="$SLURM_NODEID"; exec torchrun --standalone --nnodes 1 --nproc_per_node 8 --log_dir "${FTL_RUN_DIR}"/logs --redirects 3 --tee 0:3 --module launcher.worker "${FTL_RUN_DIR}"' &
+# srun in a session of its own: a TERM to this script's process group (`scancel
+# --full`) would make srun kill the step ("forcing job termination"), ignored or not.
+setsid srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=32 \
+    bash -c '
+export FTL_NODE_RANK="$SLURM_NODEID" PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT
+ftl_stop() {
+    echo "ftl: node $FTL_NODE_RANK: $1: checkpointing at the next step, then stopping"
+    touch "$FTL_RUN_DIR"/preempt.requested
+}
+trap "ftl_stop TERM" TERM
+trap "ftl_stop INT" INT
+(trap "" TERM INT; exec setsid torchrun --standalone --nnodes 1 --nproc_per_node 8 --log_dir "${FTL_RUN_DIR}"/logs --redirects 3 --tee 0:3 --module launcher.worker "${FTL_RUN_DIR}") &
+launcher=$!
+# wait returns early (status > 128) when a trap ran; then keep waiting.
+while :; do
+    rc=0; wait "$launcher" || rc=$?
+    if [ "$rc" -gt 128 ] && kill -0 "$launcher" 2>/dev/null; then continue; fi
+    break
+done
+exit "$rc"
+' &
 step=$!
-# wait returns early (status > 128) when the trap ran; then keep waiting for the step.
+# wait returns early (status > 128) when a trap ran; then keep waiting.
 while :; do
     rc=0; wait "$step" || rc=$?
     if [ "$rc" -gt 128 ] && kill -0 "$step" 2>/dev/null; then continue; fi
@@ -55,10 +82,17 @@ if [ -e "$FTL_RUN_DIR"/result.json ] && [ ! -e "$FTL_RUN_DIR"/preempted ]; then
     [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"
     exit 0
 fi
-if [ -e "$FTL_RUN_DIR"/preempt.requested ]; then
+if [ -e "$FTL_RUN_DIR"/cancel.requested ]; then
+    stop_step=$(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' "$FTL_RUN_DIR"/preempted 2>/dev/null)
+    if [ -n "$stop_step" ] && [ -e "$FTL_RUN_DIR"/checkpoints/checkpoint-"$stop_step"/COMPLETE ]; then
+        echo "ftl: cancelled by \`ftl cancel\` after a complete checkpoint (step $stop_step); not requeueing. Exit status 75: stopped, resumable"
+        exit 75
+    fi
+    echo "ftl: cancelled by \`ftl cancel\` without a new complete checkpoint; not requeueing"
+elif [ -e "$FTL_RUN_DIR"/preempt.requested ]; then
     restarts=${SLURM_RESTART_COUNT:-0}
     if [ "$restarts" -lt 5 ]; then
-        echo "ftl: requeueing (restart $((restarts + 1)) of 5); the rerun resumes from the latest complete checkpoint"
+        echo "ftl: requeueing (restart $((restarts + 1)) of 5); the rerun resumes from the latest complete checkpoint (step exit code $rc)"
         scontrol requeue "$SLURM_JOB_ID" && exit 0
         echo "ftl: scontrol requeue failed"
     else
