@@ -239,7 +239,18 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
 
 
 class CheckpointCallback(TrainerCallback):
-    """Marks a checkpoint COMPLETE once every rank has written its part."""
+    """Marks a checkpoint COMPLETE once every rank has written its part, and rank 0 records
+    how long the save took in metrics.jsonl ({"event": "save", "seconds", "bytes"}): the
+    Trainer saves right after a step's end, log and eval, so the save ran from the last of
+    those to the marker. `ftl submit` compares it with the signal's grace time."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+
+    def _mark(self, *args: Any, **kw: Any) -> None:
+        self.since = time.monotonic()
+
+    on_step_end = on_log = on_evaluate = _mark
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -248,4 +259,12 @@ class CheckpointCallback(TrainerCallback):
         barrier()  # every rank has returned from its part of the save
         if state.is_world_process_zero and checkpoint.is_dir():
             write_complete_marker(checkpoint, state.global_step, args.world_size)
+            self._record(checkpoint, state.global_step)
         barrier()  # nobody resumes or reads the marker before it exists
+
+    def _record(self, checkpoint: Path, step: int) -> None:
+        size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+        record = {"step": step, "time": time.time(), "event": "save",
+                  "seconds": round(time.monotonic() - self.since, 3), "bytes": size}
+        with RunDir(checkpoint.parent.parent).metrics.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")

@@ -11,8 +11,10 @@ launcher/model.py `model_dtype`). Small files
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.schema import RunConfig
 
@@ -56,3 +58,44 @@ def disk_need(cfg: RunConfig, params: int, trainable: int) -> DiskNeed:
     count, exact = checkpoints_kept(cfg)
     return DiskNeed(checkpoint_bytes(cfg, params, trainable), count,
                     params * weight_bytes(cfg), exact)
+
+
+WRITE_BYTES_PER_S = 200e6
+"""Assumed checkpoint write speed before a save has been measured: a conservative figure
+for a shared cluster filesystem (local NVMe is 10x faster, a busy NFS can be slower)."""
+
+
+@dataclass(frozen=True)
+class SaveTime:
+    seconds: float
+    source: str
+    """How it was found: "estimated: N GB at 200 MB/s" or "measured: step N of RUN_DIR"."""
+
+
+def save_time_estimate(cfg: RunConfig, params: int, trainable: int) -> SaveTime:
+    size = checkpoint_bytes(cfg, params, trainable)
+    return SaveTime(size / WRITE_BYTES_PER_S,
+                    f"estimated: {size / 1e9:.2f} GB at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s")
+
+
+def measured_save_time(run_dir: Path) -> SaveTime | None:
+    """The last save a run measured (metrics.jsonl {"event": "save"}, rank 0's
+    CheckpointCallback): the time from its step's end to its COMPLETE marker."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    saves = [record for line in metrics.read_text().splitlines() if '"save"' in line
+             if (record := _json(line)).get("event") == "save"]
+    if not saves:
+        return None
+    last = saves[-1]
+    return SaveTime(float(last["seconds"]), f"measured: the save of step {last['step']} in "
+                    f"{run_dir}")
+
+
+def _json(line: str) -> dict:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

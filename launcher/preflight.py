@@ -125,7 +125,7 @@ def hub_reachable() -> bool:
 
 def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
     """The checkpoint this launch would resume from must be loadable by this run."""
-    from launcher.checkpoints import checkpoint_world_size, is_complete
+    from launcher.checkpoints import is_complete
 
     resume = cfg.run.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
@@ -141,15 +141,7 @@ def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
             "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
             "run, or run.resume=auto to take the latest complete one."
         ]
-    written_by = checkpoint_world_size(resume_from)
-    if cfg.strategy.backend != "deepspeed" or written_by in (None, cfg.world_size):
-        return []
-    return [
-        f"run.resume={resume}: {resume_from} was written by {written_by} ranks, this run has "
-        f"{cfg.world_size}; DeepSpeed cannot load ZeRO partitions on another world size. Fix: "
-        f"run with {written_by} ranks (cluster.nodes x cluster.gpus_per_node), or "
-        "run.resume=never, or convert the checkpoint with DeepSpeed's ds_to_universal."
-    ]
+    return []
 
 
 def resume_source(cfg: RunConfig) -> Path | None:

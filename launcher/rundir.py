@@ -15,12 +15,15 @@ exists complete or not at all; after that, each file below has exactly one write
 | resume_from            | launcher (atomic)           | an earlier launch's checkpoint to resume |
 | job.<scheduler>        | launcher (atomic)           | the batch script (`ftl submit`)          |
 | job_id                 | launcher, after submission  | the scheduler's id of the job            |
-| preempt.requested      | the job script's trap       | ranks save and stop at the next step     |
+| preempt.requested      | job script's traps, rank 0, | ranks save and stop at the next step     |
+|                        | `ftl train`, `ftl cancel`   |                                          |
+| cancel.requested       | `ftl cancel` (running job)  | the job script ends without requeueing   |
 | preempted              | rank 0                      | the ranks stopped for a preemption       |
 | checkpoints/           | ranks (Trainer)             | checkpoint-N/, COMPLETE marker by rank 0 |
 | model/                 | ranks (rank 0 writes)       | the final HF model                       |
 | launches.jsonl         | rank 0, one line per launch | resumed from which checkpoint, at step   |
-| metrics.jsonl          | rank 0                      | every log event                          |
+| metrics.jsonl          | rank 0                      | every log event, start-up, each save     |
+| universal/             | rank 0                      | a ZeRO checkpoint converted for resume   |
 | metrics/rank<R>.json   | rank R                      | peak memory, tokens seen                 |
 | result.json            | rank 0, last                | the finished run's summary               |
 | tensorboard/           | rank 0 (Trainer)            | TensorBoard events                       |
@@ -46,6 +49,7 @@ RESUME_FROM = "resume_from"
 JOB_ID = "job_id"
 PREEMPT_REQUESTED = "preempt.requested"
 PREEMPTED = "preempted"
+CANCEL_REQUESTED = "cancel.requested"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 LAUNCHES = "launches.jsonl"
@@ -138,6 +142,10 @@ class RunDir:
     @property
     def preempted(self) -> Path:
         return self.path / PREEMPTED
+
+    @property
+    def cancel_requested(self) -> Path:
+        return self.path / CANCEL_REQUESTED
 
     def rank_error(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.error"

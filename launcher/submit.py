@@ -7,18 +7,25 @@ step (launch.write_run), submit it (not with --dry-run), record the job id, prin
 run dir and log paths. A bare `ftl submit` means cluster=slurm.
 Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
 parser and BasicSweeper), one job per combination.
+
+cancel: a running job stops for good after a checkpoint: RUN_DIR/cancel.requested, then
+preempt.requested, which the ranks poll; the job script then exits STOPPED_EXIT (75)
+without requeueing (launcher/slurm.py). A pending job is cancelled by the scheduler.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import ConfigError
 from launcher.rundir import RunDir, job_script_name, write_file_atomic
 from launcher.scheduler import SCHEDULERS, JobInfo, Scheduler, get_scheduler
+from launcher.supervise import STOPPED_EXIT
 
 if TYPE_CHECKING:
     from launcher.validate import Checked
@@ -83,6 +90,29 @@ def _data_notice(checked: Checked) -> None:
               "overrides does it here first.", file=sys.stderr)
 
 
+def _grace_notice(checked: Checked) -> None:
+    """Warn when the signal's grace time may not cover one step and a checkpoint save: the
+    save time measured on the run this one resumes, else estimated from its size."""
+    from launcher.disk import measured_save_time, save_time_estimate
+
+    cfg, est = checked.cfg, checked.estimate
+    if cfg.cluster.scheduler != "slurm" or est is None:
+        return
+    measured = None
+    if checked.resume_from is not None:
+        measured = measured_save_time(checked.resume_from.parent.parent)
+    save = measured or save_time_estimate(cfg, est.params, est.trainable_params)
+    grace = cfg.cluster.slurm.signal_grace_s
+    if save.seconds <= grace:
+        return
+    suggested = int(math.ceil(2 * save.seconds / 60.0)) * 60
+    print(f"ftl submit: warning: cluster.slurm.signal_grace_s={grace} may be too short: saving "
+          f"a checkpoint takes about {save.seconds:.0f} s ({save.source}), plus up to one "
+          "step to reach a step boundary; a stop that runs out of grace is killed and loses "
+          f"the steps since the last checkpoint. Fix: cluster.slurm.signal_grace_s="
+          f"{suggested}.", file=sys.stderr)
+
+
 def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
@@ -91,6 +121,7 @@ def submit_checked(
 
     prepared = write_run(checked, overrides)
     _data_notice(checked)
+    _grace_notice(checked)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     run_dir = RunDir(prepared.run_dir)
     script = run_dir / job_script_name(scheduler.name)
@@ -190,6 +221,8 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
             f" (final train loss {result.get('final_train_loss')}, world size"
             f" {result.get('world_size')}); model: {result.get('model_dir')}"
         )
+    elif run_dir.cancel_requested.exists():
+        lines.append(_cancelled_line(run_dir))
     elif run_dir.preempted.exists():
         stopped = _read_json(run_dir.preempted) or {}
         lines.append(f"run: stopped for preemption at step {stopped.get('step')}; requeued")
@@ -199,6 +232,16 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
     lines.append(f"latest complete checkpoint: {checkpoint or 'none yet'}")
     lines.append(f"logs: {run_dir.logs}")
     return lines
+
+
+def _cancelled_line(run_dir: RunDir) -> str:
+    stopped = _read_json(run_dir.preempted)
+    if stopped is None:
+        return (f"run: stopping (`ftl cancel`): the ranks save a checkpoint at the next step "
+                f"boundary; {_progress(run_dir)}")
+    return (f"run: stopped by `ftl cancel` at step {stopped.get('step')}, not requeued; the "
+            "same `ftl submit` command resumes from the latest complete checkpoint "
+            "(run.resume=auto)")
 
 
 def _progress(run_dir: RunDir) -> str:
@@ -232,10 +275,34 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def cancel(target: str) -> int:
-    job_id, run_dir, _ = resolve_target(target)
+    """A running job: stop for good after a checkpoint (request_stop). Otherwise (pending,
+    or its run dir unknown): the scheduler's own cancel."""
+    job_id, run_dir, info = resolve_target(target)
     if job_id is None:
         raise ConfigError(f"{target}: no job recorded for this run dir (a dry run?).")
-    scheduler_of(run_dir).cancel(job_id)
+    scheduler = scheduler_of(run_dir)
+    if info is not None and info.running and run_dir is not None:
+        request_stop(RunDir(run_dir))
+        print(
+            f"ftl cancel: job {job_id} is running: its ranks save a checkpoint at the next "
+            "step boundary and stop; the job then ends with exit status "
+            f"{STOPPED_EXIT} (stopped, resumable) and is not requeued.\n"
+            f"  run dir: {run_dir}\n"
+            f"  watch:   ftl status {job_id}\n"
+            f"  to end it now, without waiting for the checkpoint: "
+            f"{scheduler.cancel_command(job_id)}",
+            flush=True,
+        )
+        return 0
+    scheduler.cancel(job_id)
     where = f" (run dir {run_dir})" if run_dir else ""
-    print(f"ftl cancel: cancelled job {job_id}{where}", file=sys.stdout)
+    state = f" ({info.state})" if info is not None else ""
+    print(f"ftl cancel: cancelled job {job_id}{state}{where}", flush=True)
     return 0
+
+
+def request_stop(run_dir: RunDir) -> None:
+    """cancel.requested first, then preempt.requested: a job script that starts meanwhile
+    clears preempt.requested but then sees cancel.requested (launcher/slurm.py)."""
+    write_file_atomic(run_dir.cancel_requested, f"{time.time()}\n")
+    run_dir.preempt_requested.touch()

@@ -70,7 +70,7 @@ def keep_freed_memory() -> None:
 
 def training_arguments(
     cfg: RunConfig, run_dir: RunDir, on_cpu: bool, accelerator_config: dict[str, Any],
-    resuming: bool,
+    resuming: bool, load_universal: bool = False,
 ) -> Any:
     from transformers import TrainingArguments
 
@@ -123,7 +123,7 @@ def training_arguments(
             dataloader_pin_memory=False,  # pinning needs an accelerator
         )
     if backend == "deepspeed":
-        kwargs["deepspeed"] = _ds_config(run_dir, disable_bf16=late_bf16)
+        kwargs["deepspeed"] = _ds_config(run_dir, late_bf16, load_universal)
     elif backend == "fsdp":
         kwargs.update(json.loads(run_dir.fsdp.read_text()))
     args = TrainingArguments(**kwargs)
@@ -139,11 +139,16 @@ def training_arguments(
     return args
 
 
-def _ds_config(run_dir: RunDir, disable_bf16: bool) -> str | dict[str, Any]:
-    if not disable_bf16:
+def _ds_config(run_dir: RunDir, disable_bf16: bool, load_universal: bool) -> str | dict[str, Any]:
+    """RUN_DIR/ds_config.json as written, or with this launch's changes: bf16 enabled late
+    (CPU), a universal checkpoint to load (launcher/universal.py)."""
+    if not (disable_bf16 or load_universal):
         return str(run_dir.ds_config)
     config = json.loads(run_dir.ds_config.read_text())
-    config["bf16"] = {"enabled": False}
+    if disable_bf16:
+        config["bf16"] = {"enabled": False}
+    if load_universal:
+        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     return config
 
 

@@ -56,9 +56,11 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     datasets = rank_datasets(cfg, Path(json.loads(run_dir.plan.read_text())["data_dir"]),
                              tokenizer, int(os.environ.get("RANK", "0")), run_dir.rank_error("0"))
     timing.mark("data_loaded")
-    accelerator_config = setup_distributed(cfg, on_cpu)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
-    args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None)
+    load_from, universal = resume_source(cfg, run_dir, resume)
+    accelerator_config = setup_distributed(cfg, on_cpu)
+    args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
+                              load_universal=universal)
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
@@ -73,7 +75,7 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     from launcher.preempt import stop_on_signals  # after import_stack: it imports transformers
 
     stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop
-    trainer.train(resume_from_checkpoint=resume_text)
+    trainer.train(resume_from_checkpoint=str(load_from) if load_from else None)
     timing.mark("train_end")
     if trainer.state.global_step < trainer.state.max_steps:
         # Stopped early (preemption, a stop request): the last complete checkpoint is the
@@ -96,6 +98,19 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     shutdown()
     return result
+
+
+def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path | None, bool]:
+    """What the Trainer loads, and whether DeepSpeed must read it as a universal checkpoint:
+    a ZeRO checkpoint from another world size is converted first (launcher/universal.py),
+    before the process group exists."""
+    from launcher.universal import needs_universal, universal_resume
+
+    if cfg.strategy.backend != "deepspeed" or not needs_universal(resume, cfg.world_size):
+        return resume, False
+    assert resume is not None
+    rank = int(os.environ.get("RANK", "0"))
+    return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
 
 
 def quiet_progress_bars() -> None:

@@ -53,6 +53,10 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     speeds = [row for row in history if "tokens_per_s" in row]
     assert speeds and all(row["tokens_per_s"] > 0 and row["tflops"] > 0 for row in speeds)
+    # Each save's duration, from its step's end to its COMPLETE marker (ftl submit reads it).
+    saves = [row for row in history if row.get("event") == "save"]
+    assert [row["step"] for row in saves] == [4, 8]
+    assert all(row["seconds"] > 0 and row["bytes"] > 10**6 for row in saves), saves
     ranks = sorted(p.name for p in (run_dir / "metrics").glob("rank*.json"))
     assert ranks == ["rank0.json", "rank1.json"]
     assert all(json.loads((run_dir / "metrics" / r).read_text())["peak_memory_mib"] > 100

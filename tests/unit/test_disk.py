@@ -74,3 +74,44 @@ def test_a_filesystem_too_small_for_the_checkpoints_is_refused(small_filesystem:
     assert f"run.output_dir={small_filesystem / 'runs'}" in message
     assert "GiB free on its filesystem" in message and "2 checkpoint(s)" in message
     assert not any(small_filesystem.iterdir())  # nothing written
+
+
+# --- save time against the signal's grace time (ftl submit) --------------------------
+
+
+def test_save_time_is_estimated_from_the_checkpoint_size():
+    from launcher.disk import WRITE_BYTES_PER_S, save_time_estimate
+
+    cfg = compose_config([*GPU, "precision=bf16", "strategy=zero3"])
+    p, trainable = params(cfg)
+    save = save_time_estimate(cfg, p, trainable)
+    assert save.seconds == pytest.approx(16 * p / WRITE_BYTES_PER_S)
+    assert "estimated" in save.source and "200 MB/s" in save.source
+
+
+def test_the_last_measured_save_wins(tmp_path: Path):
+    from launcher.disk import measured_save_time
+
+    assert measured_save_time(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 4, "loss": 2.0}\n'
+        '{"step": 4, "event": "save", "seconds": 3.5, "bytes": 10}\n'
+        '{"step": 8, "event": "save", "seconds": 7.25, "bytes": 10}\n')
+    save = measured_save_time(tmp_path)
+    assert save is not None and save.seconds == 7.25 and "step 8" in save.source
+
+
+SLURM_7B = [*GPU, "cluster=slurm", "precision=bf16", "strategy=zero3", "cluster.nodes=2"]
+
+
+@pytest.mark.parametrize(("grace", "warned"), [(120, True), (1200, False)])
+def test_submit_warns_when_the_grace_time_cannot_cover_a_save(tmp_path, capsys, grace, warned):
+    from launcher.submit import _grace_notice
+
+    checked = check([*SLURM_7B, f"run.output_dir={tmp_path}",
+                     f"cluster.slurm.signal_grace_s={grace}"], "plan")
+    _grace_notice(checked)
+    err = capsys.readouterr().err
+    assert ("cluster.slurm.signal_grace_s=" in err) == warned, err
+    if warned:  # 16 bytes x 6.7B parameters at 200 MB/s: about 540 s
+        assert f"signal_grace_s={grace} may be too short" in err and "Fix: " in err

@@ -1,0 +1,79 @@
+"""Resume a ZeRO checkpoint on another world size through DeepSpeed's universal checkpoint.
+
+A ZeRO checkpoint's optimizer (and under ZeRO-3 parameter) partitions belong to the world
+size that wrote them (its COMPLETE marker records it). When a launch resumes one on another
+world size, rank 0 converts it once with DeepSpeed's own converter
+(`python -m deepspeed.checkpoint.ds_to_universal`, a subprocess: it runs worker pools of its
+own) into RUN_DIR/universal/checkpoint-N/: the converted `global_stepN_universal/` and its
+`latest_universal`, beside links to the source checkpoint's Trainer files (trainer_state,
+scheduler, RNG states, config). The Trainer then resumes from that directory with
+`"checkpoint": {"load_universal": true}` added to the ds_config it is given, so DeepSpeed
+reshards parameters and optimizer states for the new world size. The other ranks wait for
+the directory before any process group exists (as for the tokenized data), so no
+collective times out however long the conversion takes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.checkpoints import checkpoint_step, checkpoint_world_size
+from launcher.rundir import RunDir
+
+UNIVERSAL = "universal"
+"""RUN_DIR/universal/checkpoint-N: a converted checkpoint this run dir resumed from."""
+
+
+def needs_universal(checkpoint: Path | None, world_size: int) -> bool:
+    """A DeepSpeed checkpoint (global_step* inside) written by another world size."""
+    if checkpoint is None or not any(checkpoint.glob("global_step*")):
+        return False
+    written_by = checkpoint_world_size(checkpoint)
+    return written_by is not None and written_by != world_size
+
+
+def universal_resume(run_dir: RunDir, checkpoint: Path, rank: int, timeout_s: float) -> Path:
+    """The converted checkpoint to resume from: rank 0 converts it (once per run dir), the
+    other ranks wait for it."""
+    target = run_dir.path / UNIVERSAL / checkpoint.name
+    if rank == 0:
+        if not target.is_dir():
+            convert(checkpoint, target)
+        return target
+    deadline = time.monotonic() + timeout_s
+    while not target.is_dir():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no converted checkpoint in {target} after {timeout_s:.0f} s of "
+                            "waiting for rank 0. Fix: raise dataset.wait_timeout_s.")
+        time.sleep(1.0)
+    return target
+
+
+def convert(checkpoint: Path, target: Path) -> None:
+    """ds_to_universal into a staging directory, the Trainer's files linked beside it, then
+    one rename: a crash leaves no half-converted checkpoint behind under the final name."""
+    step = checkpoint_step(checkpoint)
+    staging = target.parent / f".tmp-{target.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    print(f"[ftl] rank 0: converting {checkpoint} (written by "
+          f"{checkpoint_world_size(checkpoint)} ranks) to a universal checkpoint", flush=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+         "--input_folder", str(checkpoint / f"global_step{step}"),
+         "--output_folder", str(staging / f"global_step{step}_universal"),
+         "--inject_missing_state"],
+        capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RuntimeError(f"ds_to_universal failed on {checkpoint}:\n{done.stderr[-3000:]}")
+    for item in checkpoint.iterdir():
+        if not item.name.startswith("global_step") and item.name != "latest":
+            (staging / item.name).symlink_to(item.resolve())
+    staging.rename(target)
