@@ -263,8 +263,14 @@ class CheckpointCallback(TrainerCallback):
         barrier()  # nobody resumes or reads the marker before it exists
 
     def _record(self, checkpoint: Path, step: int) -> None:
+        """Like every metrics.jsonl line: step, launch (this launch's launches.jsonl line,
+        written at train begin), time, peak memory."""
+        run_dir = RunDir(checkpoint.parent.parent)
+        lines = run_dir.launches.read_text().splitlines() if run_dir.launches.is_file() else []
+        launch = max(0, len(lines) - 1)
         size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-        record = {"step": step, "time": time.time(), "event": "save",
-                  "seconds": round(time.monotonic() - self.since, 3), "bytes": size}
-        with RunDir(checkpoint.parent.parent).metrics.open("a", encoding="utf-8") as out:
+        record = {"step": step, "launch": launch, "time": time.time(), "event": "save",
+                  "seconds": round(time.monotonic() - self.since, 3), "bytes": size,
+                  "peak_memory_mib": round(peak_memory_mib(), 1)}
+        with run_dir.metrics.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
