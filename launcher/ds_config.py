@@ -25,7 +25,8 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
   torch AdamW and sets zero_allow_untested_optimizer itself.
 - The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
   int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with one
-  floor: a bucket is never smaller than 2**20 elements or the whole model (bucket_elements).
+  floor: a bucket is never smaller than 2**20 elements or an eighth of the model
+  (bucket_elements).
 
 On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
 the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,10 @@ from launcher.strategies import deepspeed_strategies
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 MIN_BUCKET_ELEMENTS = 2**20
-"""The smallest ZeRO bucket written (4 MiB in fp32) unless the model itself is smaller."""
+"""The smallest ZeRO bucket written (4 MiB in fp32) unless an eighth of the model is smaller."""
+MIN_BUCKETS = 8
+"""A model is reduced in at least this many buckets, so stage 2 still frees the gradients
+other ranks own during the backward (one bucket would hold every gradient until the end)."""
 OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
 """train.optimizer: see launcher/schema.py (checked by launcher/rules.py)."""
 REFERENCE_OVERRIDES: tuple[str, ...] = (
@@ -141,13 +146,16 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
 
 def bucket_elements(cfg: RunConfig) -> int:
     """ZeRO's reduce/allgather bucket: HF's "auto" rule, hidden x hidden elements, but never
-    fewer than MIN_BUCKET_ELEMENTS or the whole model, whichever is smaller. Below that
-    every step runs dozens of tiny collectives, each paying a full round trip: hidden 64
-    (the tiny Llama) gave 4096-element buckets, ~40 reduces per step and 0.54x the
-    throughput of one bucket on 2 CPU ranks (bench/train_overhead.py). Models with a
-    hidden size of 1024 and more keep HF's rule."""
+    fewer than MIN_BUCKET_ELEMENTS or an eighth of the model, whichever is smaller. Below
+    that every step runs dozens of tiny collectives, each paying a full round trip: hidden
+    64 (the tiny Llama) gave 4096-element buckets, ~40 reduces per step and 0.54x the
+    throughput of one bucket on 2 CPU ranks (bench/train_overhead.py). Not one bucket for
+    the whole model: ZeRO-2 would then hold every gradient until the end of the backward
+    (tests/integration/test_train_strategies.py checks it frees them). Models with a hidden
+    size of 1024 and more keep HF's rule."""
     hidden = cfg.model.hidden_size
-    return max(hidden * hidden, min(MIN_BUCKET_ELEMENTS, count_params(cfg.model)))
+    eighth = math.ceil(count_params(cfg.model) / MIN_BUCKETS)
+    return max(hidden * hidden, min(MIN_BUCKET_ELEMENTS, eighth))
 
 
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
