@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.rundir import RunDir
 from launcher.schema import RunConfig
 
 
@@ -81,7 +82,7 @@ def save_time_estimate(cfg: RunConfig, params: int, trainable: int) -> SaveTime:
 def measured_save_time(run_dir: Path) -> SaveTime | None:
     """The last save a run measured (metrics.jsonl {"event": "save"}, rank 0's
     CheckpointCallback): the time from its step's end to its COMPLETE marker."""
-    metrics = run_dir / "metrics.jsonl"
+    metrics = RunDir(run_dir).metrics
     if not metrics.is_file():
         return None
     saves = [record for line in metrics.read_text().splitlines() if '"save"' in line

@@ -62,20 +62,21 @@ class StopForwarder:
             kill_tree(self.child.pid)
 
 
-def kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> list[psutil.Process]:
     """SIGKILL a process and all its descendants (listed first: a killed parent's children
-    are re-parented and could no longer be found). torchrun starts each rank in a session
-    of its own, so a process-group kill would miss them."""
+    are re-parented and could no longer be found); returns them, to wait for. torchrun
+    starts each rank in a session of its own, so a process-group kill would miss them."""
     try:
         root = psutil.Process(pid)
         tree = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
-        return
+        return []
     for process in tree:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
+    return tree
 
 
 @contextmanager

@@ -23,10 +23,7 @@ import time
 from pathlib import Path
 
 from launcher.checkpoints import checkpoint_step, checkpoint_world_size
-from launcher.rundir import RunDir
-
-UNIVERSAL = "universal"
-"""RUN_DIR/universal/checkpoint-N: a converted checkpoint this run dir resumed from."""
+from launcher.rundir import UNIVERSAL, RunDir
 
 
 def needs_universal(checkpoint: Path | None, world_size: int) -> bool:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from launcher.checkpoints import checkpoint_step, is_complete, list_checkpoints  # noqa: E402
+from launcher.supervise import kill_tree  # noqa: E402
 
 DEFAULTS = [
     "strategy=ddp", "train.max_steps=800", "train.save_steps=5", "train.save_total_limit=2",
@@ -132,18 +133,11 @@ def _environ(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+def kill_all(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `ftl train`, its launcher and every rank, and wait until they are gone."""
+    killed = kill_tree(proc.pid)
     proc.wait()
-    psutil.wait_procs(tree, timeout=30)
+    psutil.wait_procs(killed, timeout=30)
 
 
 def one_round(index: int, output: Path, overrides: list[str], report: Report,
@@ -154,7 +148,7 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
     proc = start(output, "chaos", overrides, log)
     run_dir = new_run_dir(output, "chaos", before, proc)
     if run_dir is None or not first_step_logged(run_dir, proc):
-        kill_tree(proc)
+        kill_all(proc)
         return _finished(proc, run_dir, report)
     mode = "save" if index % 3 == 2 else "rank" if index % 4 == 3 else "random"
     if mode == "save":
@@ -171,7 +165,7 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
             proc.wait(timeout=60)  # the launcher tears the others down
         except subprocess.TimeoutExpired:
             pass
-    kill_tree(proc)
+    kill_all(proc)
     report.kills += 1
     report.kills_during_save += hit_save
     report.kills_of_one_rank += mode == "rank" and bool(ranks)
