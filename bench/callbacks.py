@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
@@ -47,6 +48,8 @@ class StepClock(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kw: Any) -> None:
+        if torch.cuda.is_initialized():  # a GPU step ends when its kernels do, not at launch
+            torch.cuda.synchronize()
         self.steps.append((state.global_step, time.monotonic(), self.tokens, time.process_time()))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -137,3 +140,39 @@ class NoFinalCheckpoint(TrainerCallback):
                     control: TrainerControl, **kw: Any) -> None:
         if state.max_steps > 0 and state.global_step >= state.max_steps:
             control.should_save = False
+
+
+class GpuMemoryPhases(TrainerCallback):
+    """The CUDA allocator's peak in each phase of a GPU run (bench/gpu.sh; issue #13's
+    phases): construction (model build, engine init: everything before the first step),
+    first step, steady state (step 2 to the end). Each phase's peak is read, then reset, at
+    its end: torch.cuda.max_memory_allocated / max_memory_reserved. Writes
+    OUT/memory-rank<R>.json. Nothing happens on a machine without CUDA."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.phases: dict[str, dict[str, int]] = {}
+
+    def _close(self, phase: str) -> None:
+        if not torch.cuda.is_initialized():
+            return
+        torch.cuda.synchronize()
+        self.phases[phase] = {"allocated": torch.cuda.max_memory_allocated(),
+                              "reserved": torch.cuda.max_memory_reserved()}
+        torch.cuda.reset_peak_memory_stats()
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, **kw: Any) -> None:
+        self._close("construction")
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kw: Any) -> None:
+        if state.global_step == 1:
+            self._close("first_step")
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState,
+                     control: TrainerControl, **kw: Any) -> None:
+        self._close("steady")
+        self.out.mkdir(parents=True, exist_ok=True)
+        record = {"rank": args.process_index, "phases": self.phases}
+        (self.out / f"memory-rank{args.process_index}.json").write_text(json.dumps(record))

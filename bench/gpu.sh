@@ -18,15 +18,24 @@
 #      tokens/s (steps 6..$STEPS, bench.callbacks.StepClock), achieved TFLOP/s
 #      (plan.json's FLOPs per token x tokens/s), MFU against the preset's dense bf16 peak,
 #      peak memory (torch.cuda.max_memory_allocated) against the estimator's model states
-#      + activations (the 1.5 GiB framework allowance is not allocator memory), and the
-#      start-up phases every run logs;
+#      + activations (the 1.5 GiB framework allowance is not allocator memory), the peak of
+#      each phase (construction, first step, steady; bench.callbacks.GpuMemoryPhases, with
+#      max_memory_reserved), and the start-up phases every run logs;
 #   5. writes bench/results/gpu.json and prints one table.
 # The checkpoint the Trainer writes after the last step is skipped (bench.callbacks.
 # NoFinalCheckpoint: ~17 GB of optimizer states per run); the final model is saved, and
 # each run dir is deleted once read (disk).
 #
-# Knobs (environment): VENV, STEPS (30), MICRO (4), STRATEGIES ("zero2 zero3 fsdp"),
-# FTL_GPU_PRESET, KEEP=1 (keep the run dirs), WORK (scratch dir).
+# Knobs (environment): VENV, STEPS (30), MICRO (4), STRATEGIES ("zero2 zero3 fsdp"; an item
+# may carry overrides after colons: "zero3:strategy.bucket_size=50000000"),
+# FTL_GPU_PRESET, KEEP=1 (keep the run dirs), WORK (scratch dir), RESULTS (bench/results),
+# RUN_TIMEOUT (420 s per strategy).
+#
+# Offline (a machine that reaches no package registry, such as a cluster's compute node):
+# WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh) with
+# --no-deps into SITE (.venv-gpu/site) beside the machine's own CUDA torch, and runs with
+# PYTHON (python3). It then lists every pinned requirement the machine does not meet (torch
+# itself is expected to differ) and goes on: the runs show whether it matters.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,24 +51,54 @@ command -v nvidia-smi >/dev/null || { echo "gpu.sh: nvidia-smi not found: no NVI
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 # 1. Install. DS_BUILD_OPS=0: DeepSpeed installs without building any op (none is used).
-if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV" 2>/dev/null || {
-        python3 -m pip install -q --user virtualenv && python3 -m virtualenv -q "$VENV"; }
+if [ -n "${WHEELS:-}" ]; then
+    PY=${PYTHON:-python3}
+    SITE=${SITE:-$ROOT/.venv-gpu/site}
+    say "offline: installing $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS into $SITE"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --disable-pip-version-check --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
+    if ! "$PY" - <<'PY'
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+from packaging.requirements import Requirement
+
+unmet = []
+for text in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    req = Requirement(text)
+    try:
+        have = version(req.name)
+    except PackageNotFoundError:
+        have = None
+    if have is None or not req.specifier.contains(have, prereleases=True):
+        unmet.append(f"{req} (here: {have or 'missing'})")
+print("offline: requirements this machine does not meet: " + ("; ".join(unmet) or "none"))
+PY
+    then
+        say "offline: could not check the requirements (going on)"
+    fi
+else
+    if [ ! -x "$VENV/bin/python" ]; then
+        python3 -m venv "$VENV" 2>/dev/null || {
+            python3 -m pip install -q --user virtualenv && python3 -m virtualenv -q "$VENV"; }
+    fi
+    PIP=("$VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check)
+    "${PIP[@]}" --upgrade pip
+    say "installing torch==2.13.0 (CUDA wheel from PyPI) and the project"
+    DS_BUILD_OPS=0 "${PIP[@]}" torch==2.13.0
+    DS_BUILD_OPS=0 "${PIP[@]}" -e .
+    PY=$VENV/bin/python
 fi
-PIP=("$VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check)
-"${PIP[@]}" --upgrade pip
-say "installing torch==2.13.0 (CUDA wheel from PyPI) and the project"
-DS_BUILD_OPS=0 "${PIP[@]}" torch==2.13.0
-DS_BUILD_OPS=0 "${PIP[@]}" -e .
 INSTALLED=$(($(date +%s) - START))
 say "installed in ${INSTALLED}s"
 export INSTALLED
 
 # 2-5. Runs and report.
-"$VENV/bin/python" - <<'PY'
+"$PY" - <<'PY'
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +108,7 @@ import torch
 
 root, work = Path.cwd(), Path(os.environ["WORK"])
 steps, micro = int(os.environ["STEPS"]), int(os.environ["MICRO"])
+run_timeout = int(os.environ.get("RUN_TIMEOUT") or 420)
 strategies = os.environ["STRATEGIES"].split()
 if not torch.cuda.is_available():
     sys.exit(f"gpu.sh: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU: "
@@ -117,22 +157,33 @@ COMMON = [*MODEL, f"dataset.path={data}", "dataset.format=text", "dataset.eval_p
           "train.save_steps=100000", "train.eval_on_start=false", "train.optimizer=torch"]
 WARM = 5
 entries, table, peak = [], [], None
-for strategy in strategies:
-    out, clock = work / f"out-{strategy}", work / f"clock-{strategy}"
+for index, strategy in enumerate(strategies):
+    # "zero3:strategy.bucket_size=50000000": a strategy with extra overrides (an A/B in one call)
+    base_strategy, *extra = strategy.split(":")
+    out, clock = work / f"out-{index}", work / f"clock-{index}"
     callbacks = (f"train.callbacks=[{{_target_:bench.callbacks.StepClock,out:{clock}}},"
+                 f"{{_target_:bench.callbacks.GpuMemoryPhases,out:{clock}}},"
                  "{_target_:bench.callbacks.NoFinalCheckpoint}]")
-    argv = [sys.executable, "-m", "launcher", "train", *COMMON, f"strategy={strategy}",
-            f"run.output_dir={out}", callbacks]
+    argv = [sys.executable, "-m", "launcher", "train", *COMMON, f"strategy={base_strategy}",
+            *extra, f"run.output_dir={out}", callbacks]
     began = time.time()
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
-        done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=420)
-    except subprocess.TimeoutExpired as error:
-        print(f"{strategy}: TIMED OUT after 420 s\n{(error.stdout or b'')[-3000:]!r}", flush=True)
+        stdout, stderr = proc.communicate(timeout=run_timeout)
+    except subprocess.TimeoutExpired:
+        # ftl train's second Ctrl-C kills the launcher and every rank (a kill would orphan them)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate()
+        print(f"{strategy}: TIMED OUT after {run_timeout} s\n{stdout[-3000:]}\n{stderr[-3000:]}",
+              flush=True)
         continue
     wall = time.time() - began
-    if done.returncode != 0:
-        print(f"{strategy}: FAILED (exit {done.returncode}, {wall:.0f} s)\n"
-              f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}", flush=True)
+    if proc.returncode != 0:
+        print(f"{strategy}: FAILED (exit {proc.returncode}, {wall:.0f} s)\n"
+              f"{stdout[-3000:]}\n{stderr[-3000:]}", flush=True)
         continue
     (run_dir,) = out.glob("*/*/")
     record = json.loads((clock / "clock-rank0.json").read_text())
@@ -146,7 +197,11 @@ for strategy in strategies:
     peak = plan["peak_flops_per_device"]
     row = plan["estimate"]  # the estimator's row for this run's strategy
     estimated = row["model_state_gpu_bytes"] + row["activation_bytes"]
-    measured = json.loads((run_dir / "metrics" / "rank0.json").read_text())["peak_memory_mib"]
+    # peak per phase (bench.callbacks.GpuMemoryPhases), MiB: the run's peak is their maximum
+    phases = json.loads((clock / "memory-rank0.json").read_text())["phases"]
+    phases_mib = {phase: {key: round(value / 2**20) for key, value in peaks.items()}
+                  for phase, peaks in phases.items()}
+    measured = max(peaks["allocated"] for peaks in phases.values()) / 2**20
     startup = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         event = json.loads(line)
@@ -162,14 +217,15 @@ for strategy in strategies:
          "ratio": achieved / peak, "unit": "TFLOP/s", **common},
         {"name": f"{strategy} peak mem (meas/est)", "ours": measured / 1024,
          "baseline": estimated / 2**30, "ratio": measured * 2**20 / estimated, "unit": "GiB",
-         **common, "startup": startup},
+         **common, "startup": startup, "memory_phases_mib": phases_mib},
     ]
-    table.append(f"{strategy:<8}{tokens_per_s:>11.0f}{achieved / 1e12:>9.1f}"
+    table.append(f"{strategy:<8} {tokens_per_s:>11.0f}{achieved / 1e12:>9.1f}"
                  f"{achieved / peak:>7.1%}{measured / 1024:>10.1f}{estimated / 2**30:>9.1f}"
                  f"{spread:>8.2f}{wall:>7.0f}")
     print(f"{strategy}: {tokens_per_s:.0f} tok/s, {achieved / 1e12:.1f} TFLOP/s, MFU "
           f"{achieved / peak:.1%}, peak {measured / 1024:.1f} GiB (est {estimated / 2**30:.1f}),"
-          f" run {wall:.0f} s; start-up {startup}", flush=True)
+          f" run {wall:.0f} s; start-up {startup}; memory by phase (MiB) {phases_mib}",
+          flush=True)
     if os.environ.get("KEEP") != "1":
         subprocess.run(["rm", "-rf", str(out)], check=False)
 
@@ -177,12 +233,12 @@ base = next((e["ours"] for e in entries if e["name"].startswith("zero2 tok/s")),
 for e in entries:
     if e["unit"] == "tokens/s" and base:
         e["baseline"], e["ratio"] = base, e["ours"] / base
-results = root / "bench" / "results"
+results = Path(os.environ.get("RESULTS") or root / "bench" / "results")
 results.mkdir(parents=True, exist_ok=True)
 (results / "gpu.json").write_text(json.dumps(entries, indent=2) + "\n")
 print(f"\n{name} ({preset}, peak {(peak or 0) / 1e12:.0f} TFLOP/s bf16), 1.1B Llama, "
       f"bf16, micro batch {micro} x 2048 tokens, {steps} steps, torch fused AdamW")
-print(f"{'strategy':<8}{'tokens/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}{'est GiB':>9}"
+print(f"{'strategy':<8} {'tokens/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'peak GiB':>10}{'est GiB':>9}"
       f"{'spread':>8}{'run s':>7}")
 print("\n".join(table))
 print(f"written: {results / 'gpu.json'}")
