@@ -8,9 +8,11 @@ identical), the model's architecture numbers (built from config), batch, learnin
 schedule, seed, steps and the strategy (ddp | zero2 | ...). Settings in which the launcher
 makes a speed decision the baseline copies (gloo, adamw_torch, no unused-parameter search,
 no tqdm), so the ratio measures only what the launcher adds: its callbacks, token counting,
-TensorBoard, the run-dir bookkeeping and its start-up. The DeepSpeed config is the minimal
-one a user writes ("auto" everywhere); on CPU accelerate's state must be pre-configured
-(docs/stack-notes.md) or DeepSpeed runs each rank alone.
+TensorBoard, the run-dir bookkeeping and its start-up. The DeepSpeed config is "auto"
+everywhere the Trainer fills it, with ftl's own zero_optimization block (SPEC.json's; its
+bucket sizes decide how ZeRO-2 overlaps, so leaving DeepSpeed's 5e8 default would measure
+another training); on CPU accelerate's state must be pre-configured (docs/stack-notes.md)
+or DeepSpeed runs each rank alone.
 
 Timing comes from bench.callbacks.StepClock, the same callback `ftl train` gets injected.
 """
@@ -54,7 +56,7 @@ def collate(rows: list[dict], pad: int) -> dict[str, torch.Tensor]:
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     m, t = spec["model"], spec["train"]
-    deepspeed = spec["stage"] is not None
+    deepspeed = spec["zero_optimization"] is not None
     if deepspeed:
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
         from accelerate import PartialState
@@ -72,7 +74,7 @@ def main() -> None:
         ds_config = {
             "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-            "zero_optimization": {"stage": spec["stage"]},
+            "zero_optimization": spec["zero_optimization"],
             "zero_force_ds_cpu_optimizer": False, "zero_allow_untested_optimizer": True,
         }
     args = TrainingArguments(

@@ -143,11 +143,19 @@ def spec_for(strategy: str, overrides: list[str], work: Path, data: dict[str, An
     zero = cfg.strategy
     if zero.backend not in ("ddp", "deepspeed") or zero.offload_optimizer or zero.offload_param:
         raise SystemExit(f"the baseline covers ddp and plain ZeRO stages, not {strategy}")
+    # The same ZeRO block ftl writes (buckets, overlap, contiguous gradients): with only
+    # {"stage": N}, DeepSpeed's 5e8-element default is one bucket for the tiny model, which
+    # is another training (stage 2 would hold every gradient until the end of the backward).
+    zero_block = None
+    if zero.backend == "deepspeed":
+        from launcher.ds_config import build_ds_config
+
+        zero_block = build_ds_config(cfg)["zero_optimization"]
     return {
         "model": asdict(cfg.model), "train": asdict(cfg.train),
         "tokenizer": cfg.model.tokenizer or cfg.model.path,
         "train_data": data["train"], "eval_data": data["eval"],
-        "stage": zero.zero_stage if zero.backend == "deepspeed" else None,
+        "zero_optimization": zero_block,
     }
 
 
