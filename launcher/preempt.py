@@ -6,8 +6,8 @@ the ranks (torchrun's agent, the deepspeed launcher) would otherwise have to for
 Every rank polls the file at the same step ends; the ranks then agree with an all-reduce
 (MAX), because a rank that saw the file one step later would enter the checkpoint's
 collectives at a different step than the others and hang. So all ranks save at the same
-step and stop; rank 0 records RUN_DIR/preempted so the batch script requeues instead of
-calling it done.
+step and stop; rank 0 records RUN_DIR/preempted (once that checkpoint is complete) so the
+batch script requeues instead of calling it done.
 
 The ranks vote at the first step end and then about every VOTE_EVERY_S seconds, not at
 every step: an all-reduce costs each step its round trip, about 0.5-2 ms on 2 CPU ranks
@@ -110,17 +110,22 @@ class PreemptCallback(TrainerCallback):
         control.should_save = True
         control.should_training_stop = True
         if state.is_world_process_zero:
-            self._record_stop(state.global_step)
+            reason = self.signals.received or "preempt.requested"
+            if self.signals.received:  # now: the batch script requeues on it even if the
+                self.run_dir.preempt_requested.touch()  # save is cut short
+            print(f"[ftl] stop requested ({reason}): saving checkpoint-{state.global_step} "
+                  "and stopping; a relaunch (or the requeued job) resumes from it", flush=True)
 
-    def _record_stop(self, step: int) -> None:
-        """Rank 0: RUN_DIR/preempted (the step, why) and, for a signal, preempt.requested."""
-        reason = self.signals.received or "preempt.requested"
-        if self.signals.received:
-            self.run_dir.preempt_requested.touch()  # the batch script requeues on it
-        record = {"step": step, "time": time.time(), "reason": reason}
-        self.run_dir.preempted.write_text(json.dumps(record) + "\n")
-        print(f"[ftl] stop requested ({reason}): saving checkpoint-{step} and stopping; "
-              "a relaunch (or the requeued job) resumes from it", flush=True)
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        """Rank 0: RUN_DIR/preempted (the step, why), only once that step's checkpoint is
+        complete (the save and its COMPLETE marker come before the Trainer's train end), so
+        `ftl status` never reports a stop at a checkpoint that a kill cut short."""
+        if self.preempted and state.is_world_process_zero:
+            reason = self.signals.received or "preempt.requested"
+            record = {"step": state.global_step, "time": time.time(), "reason": reason}
+            self.run_dir.preempted.write_text(json.dumps(record) + "\n")
 
     def _proposed_interval(self, step: int) -> int:
         """Steps until the next vote that this rank proposes: how many of its steps since

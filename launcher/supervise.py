@@ -8,14 +8,21 @@ The first SIGINT or SIGTERM touches RUN_DIR/preempt.requested, which the ranks a
 (launcher/preempt.py): they agree on a step, save one complete checkpoint, stop, and
 `ftl train` exits STOPPED_EXIT. A second signal kills the launcher and every rank at once
 (ABORTED_EXIT); the last complete checkpoint stays the one to resume from.
+
+If `ftl train` itself dies without a chance to forward anything (kill -9, the OOM killer, a
+closed terminal's SIGHUP), the kernel sends the launcher SIGTERM (PR_SET_PDEATHSIG, Linux):
+it forwards that to the ranks, whose own handlers save at the next step boundary and stop,
+instead of a run training on with nobody watching it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -89,9 +96,25 @@ def handlers(forwarder: StopForwarder) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def term_when_parent_dies(parent: int) -> Callable[[], None]:
+    """A preexec_fn: in the child, before exec, ask for SIGTERM when `parent` dies."""
+
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the request was in place
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> Supervised:
     """Run the launcher in its own session until it exits, forwarding stop requests."""
-    child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+    child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                             preexec_fn=term_when_parent_dies(os.getpid()))
     forwarder = StopForwarder(run_dir, child)
     with handlers(forwarder):
         returncode = child.wait()

@@ -9,10 +9,12 @@ probes through `train.callbacks`.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -123,11 +125,37 @@ def quiet_progress_bars() -> None:
     datasets.disable_progress_bars()
 
 
+DESTROY_TIMEOUT_S = 60.0
+"""How long tearing the process group down may take once every rank passed the barrier."""
+BARRIER_STACKS_AFTER_S = 600.0
+"""A barrier this long gets every thread's stack written to the rank's stderr (diagnosis)."""
+
+
 def shutdown() -> None:
-    """barrier + destroy: without it runs could abort at interpreter exit (stack notes)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    """barrier + destroy: without it runs could abort at interpreter exit (stack notes).
+
+    Every file is written by then. Once seen (a ddp run stopped on a signal, gloo, both ranks
+    past their last line), a rank stayed here for minutes and the run never ended. After the
+    barrier nothing can be lost, so a teardown that outlasts DESTROY_TIMEOUT_S writes the
+    stacks and leaves with 0. The barrier itself is not cut short: other ranks may still be
+    writing (rank 0 saving a large model); its stacks are written if it lasts very long."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
+    dist.barrier()
+    faulthandler.cancel_dump_traceback_later()
+    watchdog = threading.Timer(DESTROY_TIMEOUT_S, leave_hung_teardown)
+    watchdog.daemon = True
+    watchdog.start()
+    dist.destroy_process_group()
+    watchdog.cancel()
+
+
+def leave_hung_teardown() -> None:
+    print(f"[ftl] the process group's teardown hung for {DESTROY_TIMEOUT_S:.0f} s after "
+          "every file was written; leaving without it. Stacks:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    exit_now(0)
 
 
 def _step_of(checkpoint: Path | None) -> int:

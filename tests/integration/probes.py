@@ -517,17 +517,21 @@ class LoadingProbe(TrainerCallback):
 
 class SlowSteps(TrainerCallback):
     """Sleep `seconds` at every step end on every rank: steps slow enough that a test can
-    send a signal at a chosen step (the losses are unchanged)."""
+    send a signal at a chosen step (the losses are unchanged). With `restart`, only in the
+    Slurm launch whose SLURM_RESTART_COUNT (0 when unset) is that number."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, restart: int | None = None) -> None:
         self.seconds = seconds
+        self.restart = restart
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        import os
         import time
 
-        time.sleep(self.seconds)
+        if self.restart is None or int(os.environ.get("SLURM_RESTART_COUNT", 0)) == self.restart:
+            time.sleep(self.seconds)
 
 
 class FillDisk(TrainerCallback):

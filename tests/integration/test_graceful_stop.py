@@ -10,6 +10,7 @@ step; the references are the uninterrupted runs test_train_strategies.py already
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,7 +27,7 @@ from runs import FAST_TRAIN, RUN_TIMES, Run, describe_failure, free_port, plan_r
 from test_train_resume import MAX_STEPS
 from test_train_strategies import run_name, strategy_overrides
 
-from launcher.checkpoints import is_complete, list_checkpoints
+from launcher.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints
 from launcher.compose import PROJECT_ROOT
 from launcher.planner import resolve_tool
 from launcher.supervise import ABORTED_EXIT, STOPPED_EXIT
@@ -114,7 +115,11 @@ def check_stopped_at_a_boundary(run_dir: Path, returncode: int, at_step: int, lo
     assert returncode == STOPPED_EXIT, f"rc={returncode}\n{log.read_text()[-4000:]}"
     stop_step = json.loads((run_dir / "preempted").read_text())["step"]
     assert at_step <= stop_step < MAX_STEPS, (at_step, stop_step)
-    assert is_complete(run_dir / "checkpoints" / f"checkpoint-{stop_step}")
+    checkpoint = run_dir / "checkpoints" / f"checkpoint-{stop_step}"
+    assert is_complete(checkpoint)
+    # written once the checkpoint was complete, never before (a kill in the save)
+    marker = checkpoint / COMPLETE_MARKER
+    assert (run_dir / "preempted").stat().st_mtime >= marker.stat().st_mtime
     assert not (run_dir / "result.json").exists()
     assert sorted(losses(run_dir)) == list(range(1, stop_step + 1))
     return stop_step
@@ -215,3 +220,35 @@ def test_sigterm_through_torchrun_reaches_the_ranks_and_they_save(runs_root: Pat
     # A batch script whose shell saw nothing still finds the request and requeues.
     assert (prepared.run_dir / "preempt.requested").exists()
     assert sorted(losses(prepared.run_dir)) == list(range(1, preempted["step"] + 1))
+
+
+def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: Path) -> None:
+    """`ftl train` dies at once (SIGKILL: no handler runs): the kernel's parent-death signal
+    (SIGTERM) reaches its launcher, which forwards it; the ranks save and every process of
+    the run exits. Without it the launcher, in a session of its own, trains on orphaned."""
+    root, name = runs_root / "signals", "kill-9"
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / f"{name}.log"
+    proc = start_in_session(ftl_train_argv(root, name, ["strategy=ddp", SLOW]), log)
+    latest = lambda: (run_dirs(root, name) or [None])[-1]  # noqa: E731
+    tree: list[psutil.Process] = []
+    try:
+        wait_for_step(lambda: latest() and latest() / "metrics.jsonl", 2, proc)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 3, tree  # the launcher and its 2 ranks
+        proc.kill()
+        proc.wait(timeout=10)
+        gone, alive = psutil.wait_procs(tree, timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for process in tree:  # re-parented once ftl train is gone: not our children now
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    assert not alive, f"still running after ftl train died: {alive}"
+    run_dir = latest()
+    preempted = json.loads((run_dir / "preempted").read_text())
+    assert preempted["reason"] == "SIGTERM", preempted
+    assert 2 <= preempted["step"] < MAX_STEPS, preempted
+    assert is_complete(run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
+    assert sorted(losses(run_dir)) == list(range(1, preempted["step"] + 1))

@@ -263,6 +263,25 @@ def test_step_sigterm_checkpoints_requeues_and_resumes(reference: Job, tmp_path:
     assert_resumed_like_the_reference(job, reference)
 
 
+def test_time_limit_warning_checkpoints_requeues_and_resumes(
+        reference: Job, tmp_path: Path) -> None:
+    """Slurm's own timer, nothing sent by hand: --time=5 with the USR1 warning 240 s before
+    the limit, due 60 s after the start (slurmctld sends it up to a minute late). The first
+    launch's steps take 25 s, so the warning lands mid-run; the requeued launch (a fresh
+    limit) runs at full speed and ends before its own warning."""
+    slow_first_launch = ("train.callbacks=[{_target_:tests.integration.probes.SlowSteps,"
+                         "seconds:25,restart:0}]")
+    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
+                      "run.name=time-limit", "cluster.slurm.time=5",
+                      "cluster.slurm.signal_grace_s=240", slow_first_launch])
+    info = wait_for(job)
+    assert_completed(job, info)
+    log = job.out.read_text()
+    assert info["Restarts"] == "1", log
+    assert "ftl: USR1 at " in log and "ftl: requeueing (restart 1 of 3)" in log, log
+    assert_resumed_like_the_reference(job, reference)
+
+
 def test_ftl_cancel_saves_and_stops_for_good(slurm: None, tmp_path: Path) -> None:
     job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
                       "run.name=cancelled", SLOW_STEPS])
