@@ -25,8 +25,8 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
   torch AdamW and sets zero_allow_untested_optimizer itself.
 - The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
   int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with one
-  floor: a bucket is never smaller than 2**20 elements or an eighth of the model
-  (bucket_elements).
+  floor: a bucket is never smaller than 2**20 elements (ZeRO-3: 5e7, DeepSpeed's prefetch
+  default) or an eighth of the model, whichever is smaller (bucket_elements).
 
 On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
 the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
@@ -53,6 +53,10 @@ from launcher.strategies import deepspeed_strategies
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 MIN_BUCKET_ELEMENTS = 2**20
 """The smallest ZeRO bucket written (4 MiB in fp32) unless an eighth of the model is smaller."""
+MIN_STAGE3_BUCKET_ELEMENTS = 50_000_000
+"""ZeRO-3's floor instead: DeepSpeed's own stage3_prefetch_bucket_size default. With HF's
+h x h (4.2M elements at hidden 2048) a 1.1B Llama on an H200 ran at 14.5 % MFU, with this
+floor at 23.5 % (bench/results/gpu_ab.json); ZeRO-2 ran the same with either."""
 MIN_BUCKETS = 8
 """A model is reduced in at least this many buckets, so stage 2 still frees the gradients
 other ranks own during the backward (one bucket would hold every gradient until the end)."""
@@ -151,11 +155,13 @@ def bucket_elements(cfg: RunConfig) -> int:
     64 (the tiny Llama) gave 4096-element buckets, ~40 reduces per step and 0.54x the
     throughput of one bucket on 2 CPU ranks (bench/train_overhead.py). Not one bucket for
     the whole model: ZeRO-2 would then hold every gradient until the end of the backward
-    (tests/integration/test_train_strategies.py checks it frees them). Models with a hidden
-    size of 1024 and more keep HF's rule."""
+    (tests/integration/test_train_strategies.py checks it frees them). Under ZeRO-3 the
+    bucket also sizes the parameter prefetch, and HF's rule gathers too little at a time
+    on a GPU: there the floor is MIN_STAGE3_BUCKET_ELEMENTS (still at most an eighth)."""
     hidden = cfg.model.hidden_size
     eighth = math.ceil(count_params(cfg.model) / MIN_BUCKETS)
-    return max(hidden * hidden, min(MIN_BUCKET_ELEMENTS, eighth))
+    floor = MIN_STAGE3_BUCKET_ELEMENTS if cfg.strategy.zero_stage == 3 else MIN_BUCKET_ELEMENTS
+    return max(hidden * hidden, min(floor, eighth))
 
 
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:

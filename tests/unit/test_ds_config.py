@@ -257,11 +257,14 @@ def test_stage_2_keys_from_hidden_size() -> None:
     }
 
 
-def test_stage_3_keys_follow_hfs_hidden_size_rules() -> None:
+def test_stage_3_keys_follow_hfs_hidden_size_rules_above_deepspeeds_prefetch_default() -> None:
+    """Llama-7B (hidden 4096): HF's rules but for the buckets, whose h*h (16.8M) is below
+    the ZeRO-3 floor, DeepSpeed's 5e7 prefetch default (measured 1.6x the tokens/s of h*h
+    for a 1.1B model on an H200: bench/results/gpu_ab.json)."""
     zero = build_ds_config(reference_config("zero3", "bf16"))["zero_optimization"]
     assert zero["stage"] == 3
-    assert zero["reduce_bucket_size"] == 4096 * 4096
-    assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
+    assert zero["reduce_bucket_size"] == 50_000_000
+    assert zero["stage3_prefetch_bucket_size"] == 45_000_000
     assert zero["stage3_param_persistence_threshold"] == 10 * 4096
     assert zero["stage3_max_live_parameters"] == 10**9
     assert zero["stage3_max_reuse_distance"] == 10**9
