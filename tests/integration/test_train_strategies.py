@@ -15,12 +15,14 @@ probes.py) and what the run dir holds:
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from runs import EVIDENCE, Run, callbacks, describe_failure
+from runs import EVIDENCE, Run, callbacks, describe_failure, train
 
 from launcher.checkpoints import is_complete, list_checkpoints
 from launcher.compose import PROJECT_ROOT
@@ -255,3 +257,18 @@ def test_activation_checkpointing_is_applied_and_changes_no_numbers(
     assert plain.probe("wrapper", 0)["activation_checkpointing"] is False
     # Recomputing activations in backward gives the same gradients, so the same losses.
     assert checkpointed.train_losses() == pytest.approx(plain.train_losses(), rel=1e-5)
+
+
+def test_deepspeed_on_cpu_leaves_no_shared_memory_behind(runs_root: Path) -> None:
+    """DeepSpeed's CPU all-reduce makes a ~66 MB /dev/shm segment per rank and never
+    removes it (launcher/worker.release_deepspeed_shm does): RAM that piled up run after
+    run. A 2-rank ZeRO-2 run must leave /dev/shm as it found it (under the deepspeed
+    launcher, which sets the LOCAL_SIZE that turns the shared-memory path on)."""
+    shm = Path("/dev/shm")
+    pattern = f"deepspeed_allreduce_buffer_{os.getuid()}_*"
+    before = set(shm.glob(pattern))
+    run = train(runs_root, "shm-zero2", ["strategy=zero2", "cluster.launcher=deepspeed",
+                                          "train.max_steps=1",
+                                          "train.eval_on_start=false"])
+    assert run.returncode == 0, describe_failure(run)
+    assert set(shm.glob(pattern)) - before == set()
