@@ -274,3 +274,16 @@ class CheckpointCallback(TrainerCallback):
                   "peak_memory_mib": round(peak_memory_mib(), 1)}
         with run_dir.metrics.open("a", encoding="utf-8") as out:
             out.write(json.dumps(record) + "\n")
+
+
+class UntiedOptimizerSteps(TrainerCallback):
+    """Installed only on a resume from a universal checkpoint: once DeepSpeed has loaded
+    it (before the first step), every optimizer state gets its own step count
+    (launcher/universal.untie_optimizer_steps says why)."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        from launcher.universal import untie_optimizer_steps
+
+        untie_optimizer_steps(kw.get("optimizer"))

@@ -86,6 +86,10 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     timing.mark("model_built")
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
+    if universal:
+        from launcher.callbacks import UntiedOptimizerSteps
+
+        trainer.add_callback(UntiedOptimizerSteps())
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
