@@ -431,6 +431,9 @@ def test_preempt_callback_saves_and_stops_once_requested(tmp_path: Path) -> None
     (tmp_path / "preempt.requested").touch()
     callback.on_step_end(None, state, control)  # type: ignore[arg-type]
     assert control.should_save and control.should_training_stop and callback.preempted
+    # recorded once the save is over (the Trainer's train end), not while it may be cut short
+    assert not (tmp_path / "preempted").exists()
+    callback.on_train_end(None, state, control)  # type: ignore[arg-type]
     assert '"step": 3' in (tmp_path / "preempted").read_text()
 
 
