@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher import timing
+from launcher import memtrace, timing
 from launcher.checkpoints import write_complete_marker
 from launcher.rundir import RunDir
 
@@ -111,10 +111,22 @@ class MetricsCallback(TrainerCallback):
     ) -> None:
         if not timing.MARKS.has("first_step"):
             timing.mark("first_eval")  # train.eval_on_start: before the first step
+        memtrace.rename("eval", only="steady")  # an eval between steps
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        memtrace.phase("steady" if timing.MARKS.has("first_step") else "first_step")
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        memtrace.rename("checkpoint")  # the gap after this step held a checkpoint save
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        memtrace.phase("steady")  # logging, eval, save until the next step: renamed if so
         if state.global_step >= state.max_steps:
             timing.mark("last_step")
         if timing.MARKS.has("first_step"):
@@ -216,6 +228,27 @@ def record_finish(trainer: Any) -> None:
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, MetricsCallback):
             callback.record_phases("finish", timing.finish(), trainer.state)
+
+
+def record_memory(trainer: Any, run_dir: RunDir) -> dict[str, Any]:
+    """Every rank, after the final save: its live-tensor peaks per phase into
+    metrics/rank<R>.json ("memory", launcher/memtrace.py); returns result.json's "memory"
+    with every rank's figures (one all_gather_object)."""
+    mine = memtrace.summary()
+    rank = trainer.args.process_index
+    path = run_dir.rank_metrics / f"rank{rank}.json"
+    record = json.loads(path.read_text()) if path.is_file() else {"rank": rank}
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({**record, "memory": mine}) + "\n")
+    ranks = [mine]
+    if dist.is_available() and dist.is_initialized():
+        ranks = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(ranks, mine)
+    plan = json.loads(run_dir.plan.read_text())
+    predicted = (plan.get("estimate") or {}).get("gpu_bytes")
+    return {"predicted_peak_bytes": int(predicted) if predicted else None,
+            "measured_peak_bytes": [r.get("peak_bytes") for r in ranks],
+            "measured_rss_bytes": [r.get("rss_peak_bytes") for r in ranks]}
 
 
 def progress_line(record: dict[str, Any], max_steps: int) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher import timing
+from launcher import memtrace, timing
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.encode import adopt_chat_template
@@ -67,6 +67,7 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     timing.import_stack(cfg)  # start-up phases: the imports on their own
+    memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
     quiet_progress_bars()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
@@ -82,8 +83,10 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
+    memtrace.phase("model")
     model = apply_peft(build_model(cfg, tokenizer), cfg)
     timing.mark("model_built")
+    memtrace.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
     if universal:
@@ -105,16 +108,19 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
         shutdown()
         return None
+    memtrace.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
     model_dir = save_final_model(
         trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
     )
     timing.mark("saved")
-    from launcher.callbacks import record_finish
+    from launcher.callbacks import record_finish, record_memory
 
     record_finish(trainer)
+    memory = record_memory(trainer, run_dir)  # every rank: a collective
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir)
+    result["memory"] = memory
     if trainer.is_world_process_zero():
         run_dir.result.write_text(json.dumps(result, indent=2) + "\n")
         print(f"[ftl] done: model saved to {model_dir}", flush=True)

@@ -43,10 +43,16 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     assert f"Model: {run_dir / 'model'}" in done.stdout
     # A real run collects no test evidence: no probes, a short result of what a user needs.
     assert not (run_dir / "probes").exists()
-    assert set(json.loads((run_dir / "result.json").read_text())) == {
+    result = json.loads((run_dir / "result.json").read_text())
+    assert set(result) == {
         "global_step", "world_size", "resumed_from", "start_step", "first_train_loss",
         "final_train_loss", "first_eval_loss", "final_eval_loss", "tokens_seen", "model_dir",
+        "memory",
     }
+    memory = result["memory"]  # live tensor bytes per rank (launcher/memtrace.py) and RSS
+    assert len(memory["measured_peak_bytes"]) == len(memory["measured_rss_bytes"]) == 2
+    assert all(0 < live < rss for live, rss in zip(memory["measured_peak_bytes"],
+                                                    memory["measured_rss_bytes"], strict=True))
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     assert isinstance(model, torch.nn.Module)
 
