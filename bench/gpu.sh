@@ -196,7 +196,8 @@ for index, strategy in enumerate(strategies):
     achieved = plan["flops_per_token"] * tokens_per_s
     peak = plan["peak_flops_per_device"]
     row = plan["estimate"]  # the estimator's row for this run's strategy
-    estimated = row["model_state_gpu_bytes"] + row["activation_bytes"]
+    # the predicted peak of live tensor bytes (launcher/peak.py), the quantity measured
+    estimated = row.get("peak_bytes") or row["model_state_gpu_bytes"] + row["activation_bytes"]
     # peak per phase (bench.callbacks.GpuMemoryPhases), MiB: the run's peak is their maximum
     phases = json.loads((clock / "memory-rank0.json").read_text())["phases"]
     phases_mib = {phase: {key: round(value / 2**20) for key, value in peaks.items()}

@@ -316,8 +316,8 @@ def overhead(rounds: int, steps: int) -> dict[str, list[float]]:
 # ---------------------------------------------------------------- the driver
 
 
-def predicted(strategy: str, extra: list[str]) -> dict[str, float]:
-    """launcher/memory.py's per-rank terms for the same run."""
+def predicted(strategy: str, extra: list[str]) -> dict[str, Any]:
+    """launcher/memory.py's per-rank terms and launcher/peak.py's moments for the same run."""
     sys.path.insert(0, str(ROOT))
     from launcher.compose import compose_config
     from launcher.estimate import strategy_estimate
@@ -335,7 +335,8 @@ def predicted(strategy: str, extra: list[str]) -> dict[str, float]:
     return {**{f"est_{k}": float(v) for k, v in parts.items()},
             "est_states": row.model_state_gpu_bytes, "est_activations": row.activation_bytes,
             "est_buffers": float(row.buffer_bytes), "est_total": row.gpu_bytes,
-            "params": count_params(cfg.model)}
+            "est_peak": row.peak_bytes, "est_steady": row.steady_bytes,
+            "est_moments": row.moments, "params": count_params(cfg.model)}
 
 
 def synthetic_data(work: Path, rows: int = 400, words: int = 400) -> Path:
@@ -382,13 +383,14 @@ def table(results: list[dict[str, Any]]) -> str:
     """Rank 0's figures (GiB); the ranks differ by a few KiB."""
     phases = ("model", "engine", "first_step", "steady", "checkpoint", "final")
     lines = ["| strategy | " + " | ".join(phases) + " | RSS | est states | est acts |"
-             " est total |", "|---" * (len(phases) + 5) + "|"]
+             " est steady | est peak |", "|---" * (len(phases) + 6) + "|"]
     for r in results:
         mem = r["memory"][0]["phases"]
         cells = [gib(mem.get(p, {}).get("peak_bytes")) for p in phases]
         lines.append(f"| {r['strategy']} | " + " | ".join(cells)
                      + f" | {gib(r['memory'][0]['rss_peak_bytes'])} | {gib(r['est_states'])}"
-                     f" | {gib(r['est_activations'])} | {gib(r['est_total'])} |")
+                     f" | {gib(r['est_activations'])} | {gib(r.get('est_steady'))}"
+                     f" | {gib(r.get('est_peak'))} |")
     lines += ["", f"step {AT_STEP} of rank 0 (GiB): live at step begin, forward end, optimizer"
               " begin/end; high-water mark of the step; parts at optimizer begin", ""]
     for r in results:

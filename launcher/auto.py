@@ -15,17 +15,15 @@ Pure: no torch import. This module imports launcher.estimate, never the reverse.
 from __future__ import annotations
 
 import copy
-from dataclasses import fields
 
 from launcher.estimate import Estimate, StrategyEstimate, estimate
 from launcher.memory import FIT_FRACTION, GIB
-from launcher.schema import RunConfig, StrategyConfig
-from launcher.strategies import auto_ladder, strategy_table
-
-# Fields auto sets from the chosen strategy's YAML; every other strategy.* value the user
-# gave next to strategy=auto (overlap_comm, bucket_size, ...) is kept.
-CHOSEN_FIELDS = (
-    "name", "backend", "zero_stage", "offload_optimizer", "offload_param", "auto_rank",
+from launcher.schema import RunConfig
+from launcher.strategies import (  # noqa: F401 - CHOSEN_FIELDS: tests import it here
+    CHOSEN_FIELDS,
+    auto_ladder,
+    strategy_table,
+    with_user_settings,
 )
 
 
@@ -135,11 +133,6 @@ def resolve(cfg: RunConfig, name: str) -> RunConfig:
     resolved = copy.deepcopy(cfg)
     if not is_auto(cfg):
         return resolved
-    chosen = copy.deepcopy(strategy_table()[name])  # the table is cached: never mutate it
-    defaults = StrategyConfig(name="auto", backend="auto")
-    for f in fields(StrategyConfig):
-        user_value = getattr(cfg.strategy, f.name)
-        if f.name not in CHOSEN_FIELDS and user_value != getattr(defaults, f.name):
-            setattr(chosen, f.name, user_value)
+    chosen = with_user_settings(strategy_table()[name], cfg.strategy)
     resolved.strategy = chosen
     return resolved

@@ -245,7 +245,7 @@ def record_memory(trainer: Any, run_dir: RunDir) -> dict[str, Any]:
         ranks = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(ranks, mine)
     plan = json.loads(run_dir.plan.read_text())
-    predicted = (plan.get("estimate") or {}).get("gpu_bytes")
+    predicted = (plan.get("estimate") or {}).get("peak_bytes")  # live tensor bytes, as measured
     return {"predicted_peak_bytes": int(predicted) if predicted else None,
             "measured_peak_bytes": [r.get("peak_bytes") for r in ranks],
             "measured_rss_bytes": [r.get("rss_peak_bytes") for r in ranks]}

@@ -22,17 +22,30 @@ from launcher.memory import (
     host_capacity_bytes,
     model_state_bytes,
 )
+from launcher.peak import predict_peak
 from launcher.schema import RunConfig, StrategyConfig
-from launcher.strategies import concrete_strategies
+from launcher.strategies import concrete_strategies, with_user_settings
 
 
 @dataclass
 class StrategyEstimate:
     strategy: str
     model_state_gpu_bytes: float
+    """Model states as the optimizer step starts (launcher/memory.py)."""
     activation_bytes: float
+    peak_bytes: float
+    """Predicted per-rank peak of live tensor bytes over the whole run (rank 0): what
+    result.json's measured_peak_bytes measures (launcher/peak.py)."""
+    steady_bytes: float
+    """The same over a training step (first and steady-state steps)."""
+    moments: dict[str, float]
+    """Moment (construction, between_steps, forward_backward, optimizer_step, checkpoint,
+    checkpoint_other_ranks) -> predicted live tensor bytes per rank."""
+    construction_above_training: bool
     buffer_bytes: float
+    """Framework allowance (runtime, CUDA context, communication): not tensor bytes."""
     gpu_bytes: float
+    """peak_bytes + buffer_bytes: what must fit in the device."""
     gpu_capacity_bytes: float
     host_bytes: float
     """Host RAM per node (offloaded states)."""
@@ -41,6 +54,10 @@ class StrategyEstimate:
     fits_host: bool
     fits: bool
     est_seconds: float | None
+    host_peak_bytes: float = 0.0
+    """GPU presets: the most host-side tensor bytes one rank holds at a moment (offloaded
+    states, a checkpoint gathered on rank 0's host: FSDP FULL_STATE_DICT, ZeRO-3's 16-bit
+    save); not in the host fit check. 0 on the cpu preset, where peak_bytes counts them."""
 
 
 @dataclass
@@ -68,15 +85,16 @@ def strategy_estimate(
 ) -> StrategyEstimate:
     """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
     states, host = model_state_bytes(cfg, strategy)
-    acts = activation_bytes(cfg)
+    peak = predict_peak(cfg, strategy)
     buffers = framework_buffer_bytes(gpu_preset(cfg.cluster.gpu))
-    gpu = states + acts + buffers
+    gpu = peak.peak_bytes + buffers
     capacity, host_cap = device_memory_bytes(cfg), host_capacity_bytes(cfg)
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, acts, buffers, gpu, capacity, host, host_cap,
-        fits_gpu, fits_host, fits_gpu and fits_host, seconds,
+        strategy.name, states, activation_bytes(cfg), peak.peak_bytes, peak.steady_bytes,
+        peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
+        host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
     )
 
 
@@ -88,6 +106,8 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
     table = concrete_strategies()
     if cfg.strategy.backend != "auto" and cfg.strategy.name != "auto":
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
+    elif cfg.strategy.name == "auto":  # what auto's resolve would run (e.g. bucket_size)
+        table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}
     return list(table.values())
 
 

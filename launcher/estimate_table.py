@@ -29,17 +29,20 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
     )
     lines = [*_header(cfg, est), ""]
     lines.append(
-        f"  {'strategy':<14}{'states ' + unit:>11}{'activ. ' + unit:>11}{'total ' + unit:>11}"
-        f"{'fits':>6}{'host ' + unit + '/node':>15}{'time':>10}"
+        f"  {'strategy':<14}{'states ' + unit:>11}{'activ. ' + unit:>11}{'peak ' + unit:>11}"
+        f"{'total ' + unit:>11}{'fits':>6}{'host ' + unit + '/node':>15}{'time':>10}"
     )
     for row in est.strategies:
         mark = "*" if row.strategy == chosen else " "
         fits = "yes" if row.fits else ("no" if not row.fits_gpu else "host")
+        peak = f"{row.peak_bytes / size:.2f}" + ("c" if row.construction_above_training else "")
         lines.append(
             f"{mark} {row.strategy:<14}{row.model_state_gpu_bytes / size:>11.2f}"
-            f"{row.activation_bytes / size:>11.2f}{row.gpu_bytes / size:>11.2f}{fits:>6}"
-            f"{row.host_bytes / size:>15.1f}{_duration(row.est_seconds):>10}"
+            f"{row.activation_bytes / size:>11.2f}{peak:>11}{row.gpu_bytes / size:>11.2f}"
+            f"{fits:>6}{row.host_bytes / size:>15.1f}{_duration(row.est_seconds):>10}"
         )
+    if any(row.construction_above_training for row in est.strategies):
+        lines.append("  c: model construction (build + engine wrapping) peaks above training")
     lines += ["", _chosen_line(cfg, chosen)]
     return "\n".join(lines)
 
@@ -56,8 +59,10 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         f"precision {est.precision}, {c['nodes']} node(s) x "
         f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}",
         _compute_line(cfg, est),
-        f"memory: engine accounting; fits = total <= {FIT_FRACTION:.0%} of device "
-        f"memory; total includes {buffers:g} GiB framework buffers; micro batch "
+        "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
+        "step and checkpoint save; states = model states as the optimizer step starts); "
+        f"total = peak + {buffers:g} GiB framework allowance; fits = total <= "
+        f"{FIT_FRACTION:.0%} of device memory; micro batch "
         f"{cfg.train.micro_batch_size} x {cfg.dataset.max_length} tokens"
         + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
     ]

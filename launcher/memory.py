@@ -7,18 +7,15 @@ Pure arithmetic, no torch/deepspeed import. Sources of each figure:
   ZeRO paper's and DeepSpeed's own estimator formulas are kept as test oracles
   (tests/unit/memory_oracles.py), not used here: DeepSpeed's assumes 16-bit training and
   under-counts ZeRO-3 by one 16-bit partition.
-- Activations: Korthikanti et al. 2022 (arXiv 2205.05198), per layer s*b*h*(34 + 5*a*s/h)
-  bytes in 16-bit. The 5*a*s/h term is the stored s x s attention scores; HF models run
-  SDPA/flash attention on GPU, which never stores them, so it is left out on GPU presets
-  and kept on `cluster.gpu=cpu` (conservative: torch may fall back to its math kernel
-  there, which materialises the scores). The 34 is GPT's 4h MLP; a Llama gated MLP stores
-  somewhat more, so treat the figure as a close lower bound. With gradient checkpointing
-  each layer keeps only its 16-bit input (2*s*b*h) and one layer's full activations exist
-  during its recomputation. Logits add s*b*V*10 bytes (16-bit logits, their fp32 upcast
-  for the loss, fp32 log-softmax kept for backward). fp32 doubles the per-element bytes.
+- Activations: fitted to live tensor bytes measured at the forward's end (2 CPU ranks,
+  fp32; docs/memory-notes.md section 4): `activation_bytes`. Korthikanti et al. 2022
+  (arXiv 2205.05198, `korthikanti_layer_bytes`) is kept as the published reference.
+- The per-rank PEAK (what a run measures) is a max over moments: launcher/peak.py. The
+  model-state figures here are the states at the optimizer step's start (the "states"
+  column) and the offloaded host RAM per node.
 - Framework allowance per GPU: FRAMEWORK_BUFFER_BYTES (CUDA context, NCCL buffers, ZeRO
-  communication buckets); a run "fits" when model states + activations + allowance
-  <= FIT_FRACTION of the preset's memory (the rest is allocator fragmentation).
+  communication buckets), not tensor bytes; a run "fits" when the predicted peak +
+  allowance <= FIT_FRACTION of the preset's memory (the rest is allocator fragmentation).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from launcher.flops import (
     layer_linear_params,
 )
 from launcher.hardware import GpuPreset, gpu_preset
-from launcher.schema import RunConfig, StrategyConfig
+from launcher.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.strategies import effective_zero_stage
 
 GIB = 1024**3
@@ -75,7 +72,8 @@ and fp32). psi = parameters, N = world size, p = 2 (fp16/bf16) or 4 (fp32), L = 
   ddp:   torch DDP under the HF Trainer: fp32 weights with autocast, 4 params + 4 grads +
          4 bucket copy of the grads (gradient_as_bucket_view=False) + 8 Adam = 20*psi.
          Not measured (the reducer's buckets are not Python-visible).
-  fsdp / fsdp_offload: counted as zero3 / zero3_offload.
+  fsdp / fsdp_offload: counted as zero3 / zero3_offload (this states figure only; the
+         predicted peak has FSDP's own moments: launcher/peak.py).
 """
 
 
@@ -188,21 +186,41 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, scores: bool = True)
     return s * b * h * (34 + (5 * a * s / h if scores else 0))
 
 
+def layer_activation_elements(model: ModelConfig) -> float:
+    """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
+    docs/memory-notes.md section 4): ~8h (norm outputs, q, rotary products, attention output
+    and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product)."""
+    h = model.hidden_size
+    kv = h // model.num_heads * model.num_kv_heads
+    return 8 * h + 2 * kv + 4 * model.intermediate_size
+
+
 def activation_bytes(cfg: RunConfig) -> float:
-    """Per-GPU activation memory of one micro batch at dataset.max_length (the same under
-    every strategy: none of them shards activations)."""
+    """Activations of one micro batch at dataset.max_length when the forward returns (the
+    same under every strategy: none of them shards activations). Every element at the
+    working precision (4 bytes fp32, 2 in 16-bit), + 3h per token outside the layers
+    (embedding output, final norm), + the logits (LOGITS_BYTES_PER_ELEMENT). No s x s
+    term: SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the
+    s = 128 run doubled, it did not quadruple). With gradient checkpointing each layer
+    keeps its input only (measured -2.7 %)."""
     model = cfg.model
+    s, b, h = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size
+    fp32 = cfg.precision.name == "fp32"
+    e = 4 if fp32 else 2
+    per_layer = h if cfg.train.gradient_checkpointing else layer_activation_elements(model)
+    layers = model.num_layers * per_layer + 3 * h
+    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
+    return e * s * b * layers + logits
+
+
+def recompute_bytes(cfg: RunConfig) -> float:
+    """Gradient checkpointing: the one layer whose activations the backward rebuilds at a
+    time (derived, not isolated by a measurement); 0 without it."""
+    if not cfg.train.gradient_checkpointing:
+        return 0.0
+    e = 4 if cfg.precision.name == "fp32" else 2
     s, b = cfg.dataset.max_length, cfg.train.micro_batch_size
-    h, a, layers = model.hidden_size, model.num_heads, model.num_layers
-    scale = 2 if cfg.precision.name == "fp32" else 1  # the formula counts 16-bit elements
-    scores = gpu_preset(cfg.cluster.gpu).is_cpu  # SDPA/flash on GPU stores no s x s scores
-    one_layer = korthikanti_layer_bytes(s, b, h, a, scores)
-    if cfg.train.gradient_checkpointing:
-        layers_bytes = layers * 2 * s * b * h + one_layer
-    else:
-        layers_bytes = layers * one_layer
-    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[16 * scale]
-    return scale * layers_bytes + logits
+    return float(e * s * b * layer_activation_elements(cfg.model))
 
 
 def framework_buffer_bytes(preset: GpuPreset) -> int:

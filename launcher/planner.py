@@ -159,12 +159,18 @@ def _render_estimate(row: dict[str, Any]) -> str:
     gib = 1024**3
     fits = "fits" if row.get("fits") else "DOES NOT FIT"
     text = (
-        f"gpu {row['gpu_bytes'] / gib:.2f} GiB (model states "
+        f"gpu {row['gpu_bytes'] / gib:.2f} GiB (predicted peak {row['peak_bytes'] / gib:.2f} "
+        f"GiB of tensors, step {row['steady_bytes'] / gib:.2f} GiB; model states "
         f"{row['model_state_gpu_bytes'] / gib:.2f} GiB), host {row['host_bytes'] / gib:.2f} GiB"
         f" -> {fits}"
     )
     if row.get("est_seconds"):
         text += f"; est. time {row['est_seconds'] / 3600:.2f} h"
+    if row.get("host_peak_bytes"):
+        text += f"\nhost tensors per rank up to {row['host_peak_bytes'] / gib:.2f} GiB"
+    if row.get("construction_above_training"):
+        text += "\nmodel construction peaks above training: " + (
+            f"{row['moments']['construction'] / gib:.2f} GiB")
     return text
 
 

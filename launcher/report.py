@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
+from launcher.memory_report import memory_table
 from launcher.rundir import RunDir
 
 GIB = 1024**3
@@ -77,6 +78,11 @@ def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
 
 
 def _memory_lines(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+    """The per-phase, per-rank table when the run recorded live tensor bytes and the plan
+    has per-moment predictions; else (older run dirs) the device totals."""
+    table = memory_table(estimate, ranks)
+    if table:
+        return table
     lines = []
     if estimate.get("gpu_bytes"):
         lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")

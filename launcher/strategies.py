@@ -7,6 +7,8 @@ merged into the typed StrategyConfig, exactly as Hydra does when it composes `st
 
 from __future__ import annotations
 
+import copy
+from dataclasses import fields
 from functools import cache
 from pathlib import Path
 
@@ -15,6 +17,11 @@ from omegaconf import OmegaConf
 from launcher.schema import StrategyConfig
 
 BACKENDS: tuple[str, ...] = ("ddp", "deepspeed", "fsdp", "auto")
+# Fields strategy=auto sets from the chosen strategy's YAML; every other strategy.* value the
+# user gave next to strategy=auto (overlap_comm, bucket_size, ...) is kept.
+CHOSEN_FIELDS = (
+    "name", "backend", "zero_stage", "offload_optimizer", "offload_param", "auto_rank",
+)
 
 
 def strategy_table(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
@@ -58,3 +65,15 @@ def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[
 def effective_zero_stage(strategy: StrategyConfig) -> int:
     """The ZeRO stage a strategy's memory behaves like: FSDP shards everything (stage 3)."""
     return 3 if strategy.backend == "fsdp" else strategy.zero_stage
+
+
+def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:
+    """A copy of the table's `entry` with every non-CHOSEN_FIELDS value the user set next
+    to strategy=auto (`user`: cfg.strategy) that differs from the schema's default."""
+    chosen = copy.deepcopy(entry)  # the table is cached: never mutate it
+    defaults = StrategyConfig(name="auto", backend="auto")
+    for f in fields(StrategyConfig):
+        value = getattr(user, f.name)
+        if f.name not in CHOSEN_FIELDS and value != getattr(defaults, f.name):
+            setattr(chosen, f.name, value)
+    return chosen

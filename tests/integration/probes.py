@@ -412,6 +412,48 @@ class PartitionProbe(TrainerCallback):
         write_probe(args, "partition", self.record)
 
 
+class LiveBytesProbe(TrainerCallback):
+    """Live tensor bytes (launcher/memtrace.py's counter, which the worker installed) when
+    optimizer step `step` begins and each time the model's forward returns in it: the
+    activations of a micro batch are forward end minus step begin. Reads two counters;
+    walks nothing."""
+
+    def __init__(self, step: int = 2) -> None:
+        self.step = step
+        self.current = 0
+        self.record: dict[str, Any] = {"step": step, "step_begin": None, "forward_ends": []}
+
+    @staticmethod
+    def _allocated() -> int | None:
+        from launcher import memtrace
+
+        phases = memtrace.current()
+        return phases.tracker.allocated() if phases is not None else None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        model: nn.Module | None = None, **kw: Any,
+    ) -> None:
+        assert model is not None
+        model.register_forward_hook(self._forward_end)
+
+    def _forward_end(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        if module.training and self.current == self.step:
+            self.record["forward_ends"].append(self._allocated())
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.current = state.global_step + 1
+        if self.current == self.step:
+            self.record["step_begin"] = self._allocated()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        write_probe(args, "live_bytes", self.record)
+
+
 class StopAfterStep(TrainerCallback):
     """Stop right after the checkpoint of `step` is complete (a preemption at a known step).
     Appended after the worker's CheckpointCallback, whose on_save writes the COMPLETE

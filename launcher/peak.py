@@ -1,0 +1,301 @@
+"""Predicted peak live tensor bytes per rank: the max over the moments of a run, per strategy.
+
+The figures are what launcher/memtrace.py measures (docs/memory-notes.md): on the cpu
+preset every tensor of the rank (device and host are one memory), on GPU presets the CUDA
+allocator's max_memory_allocated (host-side offloaded states are reported apart). The
+framework allowance (CUDA context, runtime) is not tensor bytes and is added elsewhere
+(launcher/estimate.py).
+
+A peak is a max over moments, not a sum: between steps, forward/backward, the optimizer
+step, the checkpoint save (rank 0 and the other ranks) and construction (model build and
+engine wrapping). Every formula below was measured on 2 CPU ranks in fp32 (102M Llama,
+docs/memory-notes.md sections 3-5) unless its comment says "derived": 16-bit figures
+and the GPU/host split of offloaded states follow the engines' code paths.
+
+Notation: psi params, n world size, p working-param bytes (4 fp32, 2 fp16/bf16), E numel
+of the largest parameter tensor, L one decoder layer's params, A one micro batch's
+activations at the forward's end (launcher/memory.py activation_bytes).
+Pure arithmetic: no torch, transformers or deepspeed import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.ds_config import STAGE3_MAX_LIVE_PARAMETERS, SUB_GROUP_SIZE, bucket_elements
+from launcher.flops import count_params, layer_linear_params
+from launcher.hardware import gpu_preset
+from launcher.memory import activation_bytes, model_state_bytes, param_bytes, recompute_bytes
+from launcher.schema import RunConfig, StrategyConfig
+
+Split = tuple[float, float]
+"""(device bytes, host bytes) one rank holds at a moment."""
+
+TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
+MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
+           "checkpoint_other_ranks")
+
+
+@dataclass(frozen=True)
+class PeakInputs:
+    """Everything a strategy's peak depends on, taken from the run's own settings."""
+
+    psi: int
+    n: int
+    p: int
+    grad_accum: int
+    layer_psi: int
+    largest_tensor: int
+    acts: float
+    """Activations of one micro batch when the forward returns."""
+    recompute: float
+    """One layer's activations rebuilt during backward (gradient checkpointing), else 0."""
+    autocast_acts: float
+    """DDP in 16-bit (fp32 weights under autocast): what its fp32 residual stream adds to
+    `acts` (derived: each norm keeps an fp32 input and output plus the 16-bit cast for the
+    next linear where a 16-bit model keeps 16-bit: 12h bytes per token and layer)."""
+    fused_optimizer: bool
+    """Fused Adam (GPU presets: DeepSpeed FusedAdam/CPUAdam, torch fused): no temporaries."""
+    bucket: int
+    """ZeRO reduce bucket, elements."""
+    max_live: int
+    """ZeRO-3: stage3_max_live_parameters + stage3_prefetch_bucket_size, elements."""
+    sub_group: int
+    gather_on_save: bool
+    reshard_after_forward: bool = True
+
+
+def larger(*splits: Split) -> Split:
+    """The split with the most bytes in all: the moment a rank's total peaks."""
+    return max(splits, key=sum)
+
+
+def flat_temporaries(x: PeakInputs, numel: float) -> float:
+    """torch AdamW (single-tensor, the default on CPU) over one flat tensor: sqrt and div
+    results alive together, 8 bytes/element (measured, zero1/2 and zero3). Fused: none."""
+    return 0.0 if x.fused_optimizer else 8.0 * numel
+
+
+def per_param_temporaries(x: PeakInputs, numel: float) -> float:
+    """The same loop over separate parameters peaks at its largest one: 12 bytes/element
+    measured under DDP (ddp: 20psi + 12E to the byte)."""
+    return 0.0 if x.fused_optimizer else 12.0 * numel
+
+
+def ddp_moments(x: PeakInputs) -> dict[str, Split]:
+    """torch DDP: fp32 weights whatever the precision (autocast casts), reducer buckets
+    holding a copy of every grad (4psi; accelerate wraps no DDP on one process), Adam 8psi;
+    .grad is None between steps."""
+    psi = x.psi
+    buckets = 4.0 * psi if x.n > 1 else 0.0
+    between = 12.0 * psi + buckets
+    # derived from the GPU run: autocast caches a 16-bit copy of each weight for backward
+    autocast = 2.0 * psi if x.p == 2 else 0.0
+    held = 4.0 * psi if x.grad_accum > 1 else 0.0  # grads kept across micro batches
+    forward = between + held + autocast + x.acts + x.autocast_acts + x.recompute
+    fwd_bwd = max(forward, between + 4.0 * psi + autocast)
+    optimizer = between + 4.0 * psi + per_param_temporaries(x, x.largest_tensor)
+    return {"construction": (4.0 * psi + buckets, 0.0), "between_steps": (between, 0.0),
+            "forward_backward": (fwd_bwd, 0.0), "optimizer_step": (optimizer, 0.0),
+            "checkpoint": (between, 0.0), "checkpoint_other_ranks": (between, 0.0)}
+
+
+def zero12_moments(x: PeakInputs, stage: int, offload: bool) -> dict[str, Split]:
+    """DeepSpeed stage 1/2: flat working params p*psi on every rank; fp32 master 4psi/N (a
+    clone even in fp32) and Adam 8psi/N, on the host under offload_optimizer. No gradient is
+    held between steps (offload: the host's fp32 grad partition stays allocated)."""
+    psi, p, part = x.psi, x.p, x.psi / x.n
+    if offload:  # measured (fp32): master, fp32 grads, one more 4psi/N buffer, 2 x 4E staging
+        device, host, grads = p * psi, 8.0 * part + 12.0 * part + 8.0 * x.largest_tensor, 0.0
+    else:
+        device, host, grads = p * psi + 12.0 * part, 0.0, p * part
+    # Stage 1 reduces only at the accumulation boundary: the micro batches before it keep
+    # the full 16-bit grads (the same as stage 2 when grad_accum is 1)
+    held = p * psi if stage == 1 and x.grad_accum > 1 else grads
+    buckets = 2.0 * p * x.bucket  # overlap_comm: two reduce buffers during backward
+    fwd_bwd = device + held + x.acts + x.recompute + buckets
+    # the optimizer step: grad partition + its fp32 flat copy + AdamW's temporaries
+    temps = flat_temporaries(x, part)
+    step = (device, host + temps) if offload else (device + grads + 4.0 * part + temps, host)
+    # the engine wraps the (cast) model: a flat copy while the originals live (DeepSpeed
+    # flattens on the host, then moves the flat buffer: derived), then the partitions
+    # without Adam's states, which come with the first step
+    flat_copy: Split = (p * psi, p * psi)
+    adam = 8.0 * part
+    partitions = (device, host - adam) if offload else (device - adam, host)
+    construction = larger(flat_copy, partitions)
+    save = (device, host + 8.0 * part)  # measured: + 8psi/N while the engine saves
+    return {"construction": construction, "between_steps": (device, host),
+            "forward_backward": (fwd_bwd, host), "optimizer_step": step,
+            "checkpoint": save, "checkpoint_other_ranks": save}
+
+
+def zero3_moments(x: PeakInputs, offload_opt: bool, offload_param: bool) -> dict[str, Split]:
+    """DeepSpeed stage 3: param and grad partitions (p bytes each), fp32 master 4psi/N and
+    Adam 8psi/N (+ the fp32 grads 4psi/N under offload, on the host); the forward gathers
+    parameters up to stage3_max_live_parameters (its default 1e9 keeps every one gathered
+    until backward releases it); the optimizer step adds fp32 grads of one sub-group
+    (without offload) and AdamW's temporaries over it."""
+    psi, p, part = x.psi, x.p, x.psi / x.n
+    sg = min(x.sub_group, part)
+    params = p * part
+    grads = p * part  # the reduced 16-bit grad partition (fp32 in fp32 runs)
+    states = (16.0 if offload_opt else 12.0) * part
+    device = grads + (0.0 if offload_param else params) + (0.0 if offload_opt else states)
+    host = (params if offload_param else 0.0) + (states if offload_opt else 0.0)
+    gathered = p * min(psi, x.max_live)
+    fwd_bwd = device + gathered + x.acts + x.recompute
+    temps = flat_temporaries(x, sg)
+    step = (device, host + temps) if offload_opt else (device + 4.0 * sg + temps, host)
+    # the 16-bit weights gathered module by module into a state dict on rank 0's host
+    save = p * psi if x.gather_on_save else 0.0
+    # zero.Init builds one module at a time (measured: ~ one layer in full); the engine
+    # holds everything but Adam's states before the first step
+    adam = (0.0, 8.0 * part) if offload_opt else (8.0 * part, 0.0)
+    construction = (device - adam[0] + 4.0 * x.layer_psi, host - adam[1])
+    return {"construction": construction, "between_steps": (device, host),
+            "forward_backward": (fwd_bwd, host), "optimizer_step": step,
+            "checkpoint": (device, host + save), "checkpoint_other_ranks": (device, host)}
+
+
+def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
+    """FSDP2: fp32 shards 4psi/N + Adam 8psi/N; the forward unshards a layer at a time (p
+    bytes under a 16-bit MixedPrecisionPolicy: derived), the backward holds one unsharded
+    layer's params and two layers' unsharded grads before reduce-scatter, plus the sharded
+    grads 4psi/N. CPUOffloadPolicy keeps shards, grads and Adam on the host (measured on
+    the cpu preset: byte-identical to fsdp there; the GPU/host split is derived)."""
+    psi, p, part = x.psi, x.p, x.psi / x.n
+    layer = p * x.layer_psi
+    kept = p * psi if not x.reshard_after_forward else 2.0 * layer  # unsharded params
+    forward = x.acts + x.recompute + kept
+    backward = 3.0 * layer + (kept - 2.0 * layer)
+
+    def on(device: float, host: float) -> Split:  # states on the host under offload
+        return (device, host) if offload else (device + host, 0.0)
+
+    states = 12.0 * part
+    grads = 4.0 * part
+    fwd = on(forward, states)
+    bwd = on(backward, states + grads)
+    fwd_bwd = larger(fwd, bwd)
+    step = on(0.0, states + grads + per_param_temporaries(x, x.largest_tensor / x.n))
+    # FULL_STATE_DICT: rank 0 gathers the full fp32 Adam state (8psi), offloaded to its host
+    # tensor by tensor (accelerate's StateDictOptions(cpu_offload=True))
+    save = 8.0 * psi if x.gather_on_save else 0.0
+    rank0 = on(0.0, states)
+    # the full fp32 model is built on every rank's host, then sharded onto the device
+    return {"construction": (4.0 * part, 4.0 * psi), "between_steps": on(0.0, states),
+            "forward_backward": fwd_bwd, "optimizer_step": step,
+            "checkpoint": (rank0[0], rank0[1] + save), "checkpoint_other_ranks": rank0}
+
+
+# ---------------------------------------------------------------- from a run's config
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """Per-rank predicted live tensor bytes: every moment, and their max."""
+
+    moments: dict[str, float]
+    """Moment -> bytes, the quantity the run measures (cpu preset: device + host tensors;
+    GPU presets: device allocator only)."""
+    host_bytes: float
+    """Largest host-side (offloaded) tensor bytes per rank on GPU presets; 0 on cpu, where
+    the moments count them already."""
+
+    @property
+    def steady_bytes(self) -> float:
+        """The peak of a steady-state training step (the first step, without Adam's states
+        during its forward/backward, peaks no higher)."""
+        return max(self.moments[m] for m in TRAINING_MOMENTS)
+
+    @property
+    def peak_bytes(self) -> float:
+        """The run's peak on rank 0 (which saves the gathered checkpoint)."""
+        return max(self.moments.values())
+
+    @property
+    def construction_above_training(self) -> bool:
+        """Building and wrapping the model peaks above every step and the save."""
+        return self.moments["construction"] > max(
+            self.steady_bytes, self.moments["checkpoint"])
+
+    def rank_peak_bytes(self, rank: int) -> float:
+        """The run's peak on `rank`: only rank 0 holds the gathered checkpoint."""
+        other = self.moments["checkpoint_other_ranks"]
+        if rank == 0:
+            return self.peak_bytes
+        return max(self.moments["construction"], self.steady_bytes, other)
+
+
+def strategy_moments(x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
+    """The moments of `strategy` (its backend, ZeRO stage and offload settings)."""
+    part = x.psi / x.n
+    offload = strategy.offload_optimizer or (strategy.backend == "fsdp" and strategy.offload_param)
+    adam: Split = (0.0, 8.0 * part) if offload else (8.0 * part, 0.0)
+    if strategy.backend == "ddp":
+        moments, adam = ddp_moments(x), (8.0 * x.psi, 0.0)
+    elif strategy.backend == "fsdp":
+        moments = fsdp_moments(x, offload)
+    elif strategy.backend != "deepspeed" or strategy.zero_stage not in (1, 2, 3):
+        raise ValueError(f"peak memory: no moments for strategy {strategy.name} (backend "
+                         f"{strategy.backend}, ZeRO stage {strategy.zero_stage})")
+    elif strategy.zero_stage == 3:
+        moments = zero3_moments(x, strategy.offload_optimizer, strategy.offload_param)
+    else:
+        moments = zero12_moments(x, strategy.zero_stage, strategy.offload_optimizer)
+    return {**moments, "first_step": first_step(moments, adam)}
+
+
+def first_step(moments: dict[str, Split], adam: Split) -> Split:
+    """The first step's peak: Adam's states appear only inside its optimizer step, so its
+    forward/backward holds everything but them (measured: fsdp's first step 834.9M =
+    its optimizer moment, below the steady backward's 991.2M)."""
+    d, h = moments["forward_backward"]
+    return larger(moments["optimizer_step"], (d - adam[0], h - adam[1]))
+
+
+def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
+    """The settings the moments read, from cfg (under `strategy`, which need not be
+    cfg.strategy: the estimate asks for every row on the same run)."""
+    model = cfg.model
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    bucket = strategy.bucket_size or bucket_elements(cfg)
+    return PeakInputs(
+        psi=count_params(model), n=cfg.world_size, p=param_bytes(cfg.precision.name),
+        grad_accum=cfg.train.grad_accum,
+        layer_psi=layer_linear_params(model) + 2 * h,
+        largest_tensor=max(v * h, h * i, h * h),
+        acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
+        autocast_acts=autocast_activation_bytes(cfg),
+        # GPU presets run a fused Adam (DeepSpeed FusedAdam/CPUAdam, torch fused); the cpu
+        # preset the Trainer's torch AdamW, single-tensor on CPU
+        fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
+        bucket=bucket,
+        max_live=STAGE3_MAX_LIVE_PARAMETERS + int(0.9 * bucket),
+        sub_group=SUB_GROUP_SIZE,
+        gather_on_save=strategy.gather_weights_on_save,
+        reshard_after_forward=strategy.fsdp_reshard_after_forward,
+    )
+
+
+def autocast_activation_bytes(cfg: RunConfig) -> float:
+    """PeakInputs.autocast_acts: 12h bytes per token and layer in 16-bit runs, else 0."""
+    if cfg.precision.name == "fp32":
+        return 0.0
+    tokens = cfg.dataset.max_length * cfg.train.micro_batch_size
+    return 12.0 * cfg.model.hidden_size * tokens * cfg.model.num_layers
+
+
+def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
+    """Per-rank peak of cfg's run under `strategy`. PEFT runs are not measured yet: their
+    one moment is the model-state accounting plus activations (launcher/memory.py)."""
+    on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
+    if cfg.peft.name != "none":
+        total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
+        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0)
+    moments = strategy_moments(peak_inputs(cfg, strategy), strategy)
+    if on_cpu:  # one memory: the tracker counts host tensors too
+        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0)
+    host = max(h for _, h in moments.values())
+    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host)

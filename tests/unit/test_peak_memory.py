@@ -1,0 +1,210 @@
+"""The predicted per-rank peak (launcher/peak.py) against peaks MEASURED on this machine.
+
+CPU figures: live tensor bytes (launcher/memtrace.py's counting allocator) per phase of
+`ftl train` on 2 CPU ranks (gloo), torch 2.13.0+cpu, DeepSpeed 0.19.8, the ~102M Llama
+(hidden 1024, 8 layers, intermediate 2752, 4 heads, vocab 512), fp32, micro batch 2 x 64,
+4 steps, a checkpoint at step 4, the Trainer's torch AdamW. Reproduce with
+    .venv/bin/python bench/memory_breakdown.py --profile
+    .venv/bin/python bench/memory_breakdown.py --strategies zero2_offload zero3_offload \\
+        fsdp_offload
+(bench/results/memory_breakdown.json; docs/memory-notes.md sections 2-5). GPU figures:
+CUDA max_memory_allocated of bench/gpu.sh on one NVIDIA H200 (bench/results/gpu.json).
+The published references (ZeRO paper, DeepSpeed's estimators) stay in test_estimate.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.compose import compose_config
+from launcher.estimate import estimate
+from launcher.estimate_table import render_estimate_table
+from launcher.flops import count_params
+from launcher.memory import activation_bytes
+from launcher.peak import PeakInputs, peak_inputs, predict_peak, strategy_moments
+from launcher.schema import StrategyConfig
+from launcher.strategies import concrete_strategies
+
+TABLE = concrete_strategies()
+CPU_MODEL = ["model.hidden_size=1024", "model.num_layers=8", "model.intermediate_size=2752",
+             "train.micro_batch_size=2", "dataset.max_length=64", "cluster.gpus_per_node=2"]
+TOLERANCE = 0.15  # the issue's +-15 %
+
+# bytes per rank, measured (both ranks equal unless a rank-1 figure is given)
+MEASURED_STEADY = {
+    "ddp": 2_078_895_432, "zero1": 1_840_469_040, "zero2": 1_840_469_040,
+    "zero3": 1_640_154_189, "fsdp": 991_213_976, "zero2_offload": 1_863_046_496,
+    "zero3_offload": 1_746_123_837, "fsdp_offload": 991_213_976,
+}
+MEASURED_FIRST_STEP = {
+    "ddp": 2_078_756_100, "zero1": 1_840_399_396, "zero2": 1_840_399_396,
+    "zero3": 1_640_084_541, "fsdp": 834_874_708, "zero2_offload": 1_863_046_172,
+    "zero3_offload": 1_640_119_941, "fsdp_offload": 834_874_708,
+}
+MEASURED_ENGINE = {  # the "engine" phase: model wrapped, before the first step
+    "ddp": 818_036_858, "zero1": 818_029_568, "zero2": 818_029_568, "zero3": 651_533_313,
+    "fsdp": 613_522_834, "zero2_offload": 1_045_088_378, "zero3_offload": 856_040_449,
+    "fsdp_offload": 613_522_834,
+}
+MEASURED_CHECKPOINT = {  # (rank 0, rank 1)
+    "ddp": (1_636_069_628, 1_636_069_628), "zero1": (1_431_557_144, 1_431_557_144),
+    "zero2": (1_431_557_144, 1_431_557_144), "zero3": (1_444_914_205, 1_060_553_757),
+    "fsdp": (1_438_496_140, 647_345_548), "zero2_offload": (1_863_115_800, 1_863_115_800),
+    "zero3_offload": (1_649_421_337, 1_265_060_889),
+    "fsdp_offload": (1_438_496_140, 647_345_548),
+}
+# activations: live bytes at the forward's end minus at the step's begin (ddp, fp32)
+MEASURED_ACTIVATIONS = {
+    (2, 64, False): 89_289_200, (4, 64, False): 178_447_368, (2, 128, False): 178_578_416,
+    (2, 64, True): 6_468_104,
+}
+# H200, 1 GPU, bf16, 1.1B Llama, micro batch 4 x 2048, torch fused AdamW: steady MiB
+GPU_MODEL = ["model.hidden_size=2048", "model.num_layers=16", "model.num_heads=32",
+             "model.num_kv_heads=8", "model.intermediate_size=8192", "model.vocab_size=32000",
+             "model.max_position_embeddings=2048", "dataset.max_length=2048",
+             "precision=bf16", "cluster.gpu=h200-141g", "cluster.gpus_per_node=1",
+             "train.micro_batch_size=4", "train.optimizer=torch"]
+MEASURED_GPU_STEADY_MIB = {"ddp": 33989, "zero2": 31521, "zero3": 33635, "fsdp": 29541}
+MEASURED_GPU_FIRST_STEP_MIB = {"ddp": 25532, "zero2": 23064, "zero3": 25178, "fsdp": 21084}
+
+
+def cfg_for(*overrides: str):
+    return compose_config(list(overrides))
+
+
+def prediction(name: str, *extra: str):
+    return predict_peak(cfg_for(*CPU_MODEL, *extra), TABLE[name])
+
+
+def within(predicted: float, measured: float, tolerance: float = TOLERANCE) -> bool:
+    return abs(predicted / measured - 1) <= tolerance
+
+
+def test_the_measured_model_is_the_102m_llama() -> None:
+    assert count_params(cfg_for(*CPU_MODEL).model) == 102_253_568
+
+
+@pytest.mark.parametrize("name", list(MEASURED_STEADY))
+def test_steady_state_peak_matches_the_measurement(name: str) -> None:
+    assert within(prediction(name).steady_bytes, MEASURED_STEADY[name])
+
+
+@pytest.mark.parametrize("name", list(MEASURED_STEADY))
+def test_every_measured_phase_is_predicted(name: str) -> None:
+    """First step (no Adam states yet), engine wrapping, and the checkpoint on each rank."""
+    moments = prediction(name).moments
+    assert within(moments["first_step"], MEASURED_FIRST_STEP[name])
+    assert within(moments["construction"], MEASURED_ENGINE[name])
+    rank0, rank1 = MEASURED_CHECKPOINT[name]
+    assert within(moments["checkpoint"], rank0)
+    assert within(moments["checkpoint_other_ranks"], rank1)
+
+
+@pytest.mark.parametrize("name", list(MEASURED_STEADY))
+def test_the_run_peak_is_the_largest_phase(name: str) -> None:
+    """result.json's predicted_peak_bytes is rank 0's peak over every phase."""
+    measured = max(MEASURED_STEADY[name], MEASURED_ENGINE[name], *MEASURED_CHECKPOINT[name])
+    assert within(prediction(name).peak_bytes, measured)
+
+
+def test_the_fit_is_tight_where_the_engine_was_read_to_the_byte() -> None:
+    """ddp, zero1/2, zero3: the formulas account for every measured byte to within 0.5 %."""
+    for name in ("ddp", "zero1", "zero2", "zero3"):
+        assert within(prediction(name).steady_bytes, MEASURED_STEADY[name], 0.005), name
+
+
+def test_fsdp_rank0_peaks_in_the_full_state_dict_save() -> None:
+    fsdp = prediction("fsdp")
+    assert fsdp.peak_bytes == fsdp.moments["checkpoint"] > fsdp.steady_bytes
+    assert fsdp.rank_peak_bytes(1) == fsdp.steady_bytes
+    cfg = cfg_for(*CPU_MODEL, "strategy=fsdp", "strategy.gather_weights_on_save=false")
+    sharded = predict_peak(cfg, cfg.strategy)  # SHARDED_STATE_DICT: nothing gathered
+    assert sharded.peak_bytes == sharded.steady_bytes
+
+
+@pytest.mark.parametrize(
+    "micro, seq, checkpointing", list(MEASURED_ACTIVATIONS)
+)
+def test_activations_match_the_measurement(micro: int, seq: int, checkpointing: bool) -> None:
+    cfg = cfg_for(*CPU_MODEL, f"train.micro_batch_size={micro}", f"dataset.max_length={seq}",
+                  f"train.gradient_checkpointing={str(checkpointing).lower()}")
+    assert within(activation_bytes(cfg), MEASURED_ACTIVATIONS[(micro, seq, checkpointing)])
+
+
+@pytest.mark.parametrize("change", ["train.micro_batch_size=4", "dataset.max_length=128"])
+def test_doubling_moves_predicted_and_measured_activations_alike(change: str) -> None:
+    base = MEASURED_ACTIVATIONS[(2, 64, False)]
+    doubled = MEASURED_ACTIVATIONS[(4, 64, False) if "micro" in change else (2, 128, False)]
+    predicted = activation_bytes(cfg_for(*CPU_MODEL, change)) - activation_bytes(
+        cfg_for(*CPU_MODEL))
+    assert within(predicted, doubled - base)
+    for name in ("zero3", "zero2_offload"):  # the forward/backward moment moves by as much
+        moved = (prediction(name, change).moments["forward_backward"]
+                 - prediction(name).moments["forward_backward"])
+        assert moved == pytest.approx(predicted)
+
+
+def test_zero1_exceeds_zero2_by_the_full_gradients_at_grad_accum_2() -> None:
+    """Measured (grad_accum 2, arith data): at the second micro batch's forward end zero1
+    held 212.9M more than zero2: its full fp32 grads (4psi) against zero2's partition
+    (4psi/N). At grad_accum 1 DeepSpeed 0.19.8 reduces every micro batch: no difference."""
+    measured_difference = 212_900_000
+    zero1 = prediction("zero1", "train.grad_accum=2").moments["forward_backward"]
+    zero2 = prediction("zero2", "train.grad_accum=2").moments["forward_backward"]
+    psi = 102_253_568
+    assert zero1 - zero2 == pytest.approx(4 * psi - 4 * psi / 2)
+    assert within(zero1 - zero2, measured_difference)
+    assert prediction("zero1").moments == prediction("zero2").moments
+
+
+@pytest.mark.parametrize("name", list(MEASURED_GPU_STEADY_MIB))
+def test_gpu_steady_state_peak_matches_the_h200_measurement(name: str) -> None:
+    predicted = predict_peak(cfg_for(*GPU_MODEL), TABLE[name])
+    assert within(predicted.steady_bytes, MEASURED_GPU_STEADY_MIB[name] * 2**20)
+    assert within(predicted.moments["first_step"], MEASURED_GPU_FIRST_STEP_MIB[name] * 2**20)
+
+
+def test_offload_moves_states_off_the_gpu() -> None:
+    gpu = ["model=llama-7b", "precision=bf16", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
+    for plain, offload in (("zero2", "zero2_offload"), ("zero3", "zero3_offload"),
+                           ("fsdp", "fsdp_offload")):
+        on_gpu = predict_peak(cfg_for(*gpu), TABLE[plain])
+        off = predict_peak(cfg_for(*gpu), TABLE[offload])
+        assert off.steady_bytes < on_gpu.steady_bytes and off.host_bytes > 0
+    assert predict_peak(cfg_for(*gpu), TABLE["zero3"]).host_bytes > 0  # the gathered save
+
+
+def test_fused_optimizers_have_no_temporaries() -> None:
+    cfg = cfg_for(*CPU_MODEL)
+    single = peak_inputs(cfg, TABLE["zero2"])
+    fused = PeakInputs(**{**vars(single), "fused_optimizer": True})
+    part = single.psi / single.n
+    drop = (sum(strategy_moments(single, TABLE["zero2"])["optimizer_step"])
+            - sum(strategy_moments(fused, TABLE["zero2"])["optimizer_step"]))
+    assert drop == pytest.approx(8 * part)
+
+
+def test_max_live_parameters_bounds_the_zero3_gather() -> None:
+    cfg = cfg_for(*CPU_MODEL)
+    free = peak_inputs(cfg, TABLE["zero3"])
+    capped = PeakInputs(**{**vars(free), "max_live": 10_000_000})
+    moved = (sum(strategy_moments(free, TABLE["zero3"])["forward_backward"])
+             - sum(strategy_moments(capped, TABLE["zero3"])["forward_backward"]))
+    assert moved == pytest.approx(4 * (free.psi - 10_000_000))
+
+
+def test_construction_above_training_is_said() -> None:
+    """fsdp on 8 ranks builds the whole fp32 model on every rank before sharding it."""
+    cfg = cfg_for(*CPU_MODEL, "cluster.gpus_per_node=8", "strategy=fsdp",
+                  "strategy.gather_weights_on_save=false")
+    row = estimate(cfg).row("fsdp")
+    assert row.construction_above_training and row.peak_bytes == row.moments["construction"]
+    text = render_estimate_table(cfg, estimate(cfg), "fsdp")
+    assert "c: model construction" in text
+    assert not estimate(cfg_for(*CPU_MODEL)).row("zero2").construction_above_training
+
+
+def test_an_unknown_backend_is_a_clear_error() -> None:
+    bad = StrategyConfig(name="zero0", backend="deepspeed", zero_stage=0)
+    with pytest.raises(ValueError, match="no moments for strategy zero0"):
+        strategy_moments(peak_inputs(cfg_for(*CPU_MODEL), bad), bad)
