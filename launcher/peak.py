@@ -20,7 +20,7 @@ Pure arithmetic: no torch, transformers or deepspeed import.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.ds_config import STAGE3_MAX_LIVE_PARAMETERS, SUB_GROUP_SIZE, bucket_elements
 from launcher.flops import count_params, layer_linear_params
@@ -260,7 +260,7 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     cfg.strategy: the estimate asks for every row on the same run)."""
     model = cfg.model
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
-    bucket = strategy.bucket_size or bucket_elements(cfg)
+    bucket = strategy.bucket_size or bucket_elements(replace(cfg, strategy=strategy))
     return PeakInputs(
         psi=count_params(model), n=cfg.world_size, p=param_bytes(cfg.precision.name),
         grad_accum=cfg.train.grad_accum,
