@@ -52,15 +52,16 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
 
 
 def build_device(cfg: RunConfig) -> str:
-    """Where a model built from config is initialised: on this rank's GPU when the strategy
-    holds the whole model there anyway (ddp, ZeRO-1/2, FSDP without parameter offload). On
-    an H200 machine the random init of a 1.1B model took 16 s on the CPU (bench/gpu.sh),
-    and the engine copied it to the GPU afterwards. The CPU on the cpu preset, under ZeRO-3
-    (zero.Init partitions the model while it is built) and with offloaded parameters (the
-    whole model on one GPU is what offload is there to avoid)."""
+    """Where a model built from config is initialised: on this rank's GPU when the engine
+    moves the whole model there anyway (ddp, ZeRO-1/2). On an H200 machine the random init
+    of a 1.1B model took 16 s on the CPU and 0.3 s on the GPU, with the same construction
+    peak on the GPU (bench/results/gpu_ab.json). The CPU on the cpu preset, under ZeRO-3
+    (zero.Init partitions the model while it is built), under FSDP (the whole model on each
+    GPU before sharding raised its construction peak from 4.6 to 8.2 GiB there) and with
+    offloaded parameters."""
     strategy = cfg.strategy
     if (gpu_preset(cfg.cluster.gpu).is_cpu or strategy.offload_param
-            or strategy.zero_stage == 3):
+            or strategy.zero_stage == 3 or strategy.backend == "fsdp"):
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 
