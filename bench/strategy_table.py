@@ -12,6 +12,9 @@ run (`ftl train`, STEPS steps, the bundled arith data) measures, per strategy (m
   states on the host without DeepSpeed's 1.5 headroom factor; on CPU both are the same
   memory). A ratio that moves shows estimator drift; DDP's reducer buckets (4 bytes per
   parameter) are C++-only and invisible to the measurement, so ddp reads about 0.8.
+- the run's peak of live tensor bytes per rank (the larger rank; result.json's "memory",
+  launcher/memtrace.py) beside the estimate's predicted peak (launcher/peak.py): the
+  figure `ftl estimate` prints, against what the run reached.
 
 Regressions show as a ratio that moves between runs of this benchmark, not as absolute
 figures (the machine is shared). Run: `.venv/bin/python bench/strategy_table.py` (part of
@@ -70,8 +73,11 @@ def one_run(strategy: str, work: Path, tag: str) -> dict[str, float]:
     rss = [json.loads(p.read_text())["peak_memory_mib"]
            for p in (run_dir / "metrics").glob("rank*.json")]
     states = [json.loads(p.read_text())["model_state_bytes"] for p in clock.glob("state-*.json")]
+    memory = json.loads((run_dir / "result.json").read_text())["memory"]
     return {"tokens_per_s": tokens / seconds, "rss_mib": max(rss),
-            "state_bytes": max(s for s in states if s is not None)}
+            "state_bytes": max(s for s in states if s is not None),
+            "live_peak_bytes": max(memory["measured_peak_bytes"]),
+            "predicted_peak_bytes": memory["predicted_peak_bytes"]}
 
 
 def main() -> int:
@@ -92,7 +98,9 @@ def main() -> int:
                 runs[strategy].append(one_run(strategy, work, f"{strategy}-{i}"))
                 r = runs[strategy][-1]
                 print(f"  round {i} {strategy}: {r['tokens_per_s']:.0f} tok/s, peak RSS "
-                      f"{r['rss_mib']:.0f} MiB, states {r['state_bytes'] / MIB:.2f} MiB",
+                      f"{r['rss_mib']:.0f} MiB, states {r['state_bytes'] / MIB:.2f} MiB, "
+                      f"live peak {r['live_peak_bytes'] / MIB:.1f} MiB "
+                      f"(predicted {r['predicted_peak_bytes'] / MIB:.1f})",
                       file=sys.stderr, flush=True)
     entries: list[dict[str, Any]] = []
     ddp = runs["ddp"]
@@ -109,6 +117,9 @@ def main() -> int:
                              [predicted] * len(measured), "MiB", **extra,
                              measured_median_bytes=statistics.median(
                                  r["state_bytes"] for r in mine)))
+        entries.append(entry(f"live peak/rank {strategy} (meas/pred)",
+                             [r["live_peak_bytes"] / MIB for r in mine],
+                             [r["predicted_peak_bytes"] / MIB for r in mine], "MiB", **extra))
     report("strategy_table", entries)
     return 0
 

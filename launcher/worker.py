@@ -15,10 +15,9 @@ import json
 import logging
 import os
 import sys
-import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
@@ -63,7 +62,7 @@ def release_deepspeed_shm() -> None:
         (Path("/dev/shm") / name).unlink()
 
 
-def train(run_dir: RunDir) -> dict[str, Any] | None:
+def train(run_dir: RunDir) -> NoReturn:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     timing.import_stack(cfg)  # start-up phases: the imports on their own
@@ -106,8 +105,7 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
         # Stopped early (preemption, a stop request): the last complete checkpoint is the
         # state to continue from; the final eval and model belong to the finished run.
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
-        shutdown()
-        return None
+        finish()
     memtrace.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
@@ -124,8 +122,7 @@ def train(run_dir: RunDir) -> dict[str, Any] | None:
     if trainer.is_world_process_zero():
         run_dir.result.write_text(json.dumps(result, indent=2) + "\n")
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
-    shutdown()
-    return result
+    finish()
 
 
 def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path | None, bool]:
@@ -151,36 +148,28 @@ def quiet_progress_bars() -> None:
     datasets.disable_progress_bars()
 
 
-DESTROY_TIMEOUT_S = 60.0
-"""How long tearing the process group down may take once every rank passed the barrier."""
 BARRIER_STACKS_AFTER_S = 600.0
-"""A barrier this long gets every thread's stack written to the rank's stderr (diagnosis)."""
+"""A final barrier this long gets every thread's stack written to the rank's stderr."""
 
 
-def shutdown() -> None:
-    """barrier + destroy: without it runs could abort at interpreter exit (stack notes).
+def finish() -> NoReturn:
+    """Leave once every file is written: a barrier (every rank is done), this rank's
+    DeepSpeed shared memory, then os._exit from inside train(), whose trainer and model
+    are never freed and whose process group is never torn down (the kernel closes its
+    sockets).
 
-    Every file is written by then. Once seen (a ddp run stopped on a signal, gloo, both ranks
-    past their last line), a rank stayed here for minutes and the run never ended. After the
-    barrier nothing can be lost, so a teardown that outlasts DESTROY_TIMEOUT_S writes the
-    stacks and leaves with 0. The barrier itself is not cut short: other ranks may still be
-    writing (rank 0 saving a large model); its stacks are written if it lasts very long."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
-    dist.barrier()
-    faulthandler.cancel_dump_traceback_later()
-    watchdog = threading.Timer(DESTROY_TIMEOUT_S, leave_hung_teardown)
-    watchdog.daemon = True
-    watchdog.start()
-    dist.destroy_process_group()
-    watchdog.cancel()
-
-
-def leave_hung_teardown() -> None:
-    print(f"[ftl] the process group's teardown hung for {DESTROY_TIMEOUT_S:.0f} s after "
-          "every file was written; leaving without it. Stacks:", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(all_threads=True)
+    Returning instead freed the trainer, and the last reference to DDP's reducer destroyed
+    its gloo process group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
+    destructor, under a Python dealloc) with result.json already written, the rank alive
+    and the run never ending. Interpreter teardown could also abort ("terminate called
+    without an active exception", docs/stack-notes.md). The barrier is not cut short: other
+    ranks may still be writing (rank 0 saving a large model); its stacks are written to
+    stderr if it lasts BARRIER_STACKS_AFTER_S."""
+    if dist.is_available() and dist.is_initialized():
+        faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
+        dist.barrier()
+        faulthandler.cancel_dump_traceback_later()
+    release_deepspeed_shm()
     exit_now(0)
 
 
