@@ -72,7 +72,9 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
 
     report = ftl("report", str(run_dir))
     assert report.returncode == 0, report.stderr
-    assert "measured peak memory, rank 1" in report.stdout
+    # predicted / measured live tensor bytes per phase and rank (launcher/memory_report.py)
+    assert "memory per rank, live tensor GiB (predicted / measured)" in report.stdout
+    assert "rank 1" in report.stdout and "run peak" in report.stdout
     assert "estimated train time for those" in report.stdout
     image = matplotlib.image.imread(run_dir / "report.png")
     assert image.shape[0] > 100 and image.std() > 0.01
