@@ -212,34 +212,37 @@ class Breakdown(TrainerCallback):
         if ids is not None and "forward_end" in self.moments:
             self.moments["forward_end"]["input_shape"] = list(ids.shape)
 
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.profiler.__enter__()
+
+    def _stop_profiler(self) -> Any:
+        """Close the open profile; what was alive at its high-water mark."""
+        self.profiler.__exit__(None, None, None)
+        attribution = live_at_peak(allocation_events(self.profiler))
+        self.profiler = None
+        return attribution
+
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kw: Any) -> None:
         self.step = state.global_step + 1
         self._moment("step_begin", split=True)
         if self.profile and self.step == self.at_step:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self.profiler.__enter__()
+            self._start_profiler()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kw: Any) -> None:
         if self.profiler is not None:
-            self.profiler.__exit__(None, None, None)
-            self.attribution = live_at_peak(allocation_events(self.profiler))
-            self.profiler = None
+            self.attribution = self._stop_profiler()
         if self.profile and state.global_step == state.max_steps:  # through the last save
-            from torch.profiler import ProfilerActivity, profile
-
-            self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self.profiler.__enter__()
+            self._start_profiler()
 
     def on_save(self, args: TrainingArguments, state: TrainerState,
                 control: TrainerControl, **kw: Any) -> None:
         if self.profiler is not None:
-            self.profiler.__exit__(None, None, None)
-            self.save_attribution = live_at_peak(allocation_events(self.profiler))
-            self.profiler = None
+            self.save_attribution = self._stop_profiler()
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kw: Any) -> None:
