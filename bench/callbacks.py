@@ -88,9 +88,9 @@ class StateBytes(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, optimizer: Any = None, **kw: Any) -> None:
-        inner = optimizer
-        while getattr(inner, "optimizer", None) is not None:  # accelerate / ZeRO wrappers
-            inner = inner.optimizer
+        from launcher.universal import innermost_optimizer
+
+        inner = innermost_optimizer(optimizer)
         if inner is not None and hasattr(inner, "register_step_pre_hook"):
             self._hook = inner.register_step_pre_hook(self._pre_step)
 

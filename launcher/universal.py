@@ -88,9 +88,7 @@ def untie_optimizer_steps(optimizer: object) -> int:
     no-decay group's weights off by rel 1.3e-4 after the first resumed step, the loss by
     2.3e-3 four steps later; exact with the steps untied).
     """
-    inner = optimizer
-    while getattr(inner, "optimizer", None) is not None:  # accelerate / ZeRO wrappers
-        inner = inner.optimizer
+    inner = innermost_optimizer(optimizer)
     seen: set[int] = set()
     shared = 0
     for state in getattr(inner, "state", {}).values():
@@ -102,3 +100,11 @@ def untie_optimizer_steps(optimizer: object) -> int:
             state["step"] = step.clone()
         seen.add(id(step))
     return shared
+
+
+def innermost_optimizer(optimizer: object) -> object:
+    """The torch optimizer inside accelerate's and DeepSpeed's wrappers (each `.optimizer`)."""
+    inner = optimizer
+    while getattr(inner, "optimizer", None) is not None:
+        inner = inner.optimizer
+    return inner
