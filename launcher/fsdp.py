@@ -44,9 +44,9 @@ def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
             # FULL: one HF-loadable model.safetensors at save; SHARDED: one file per rank.
             "state_dict_type": "FULL_STATE_DICT" if full_state else "SHARDED_STATE_DICT",
             # accelerate moves the model to meta and fills every shard from RANK 0's weights
-            # by broadcast (transformers 5.24 still reads the full checkpoint on every rank:
-            # docs/stack-notes.md). Only for pretrained weights (empty path: from config).
-            "cpu_ram_efficient_loading": bool(cfg.model.path),
+            # by broadcast; the other ranks build theirs on meta (launcher/model.py), so
+            # only rank 0 ever holds the whole model, pretrained or built from config.
+            "cpu_ram_efficient_loading": True,
             # FSDP's own checkpointing; TrainingArguments.gradient_checkpointing would add a
             # redundant all-gather in backward (transformers issue 30404), so the worker
             # must leave that one off under FSDP.

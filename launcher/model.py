@@ -23,16 +23,63 @@ def load_tokenizer(cfg: RunConfig) -> Any:
 
 
 def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
-    """From cfg.model.path (local dir or hub id), else from the architecture numbers."""
-    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
+    """From cfg.model.path (local dir or hub id), else from the architecture numbers.
+    Under FSDP every rank but 0 builds an unfilled model (`unfilled_model`): accelerate
+    fills each rank's shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
+    launcher/fsdp.py)."""
+    from transformers import AutoModelForCausalLM, set_seed
 
     set_seed(cfg.train.seed)  # identical initial weights on every rank
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
+    if fills_from_rank_0(cfg):
+        return unfilled_model(cfg, tokenizer)
     if cfg.model.path:
         return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
+    with torch.device(build_device(cfg)):
+        return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
+                                                dtype=model_dtype(cfg))
+
+
+def fills_from_rank_0(cfg: RunConfig) -> bool:
+    """FSDP ranks other than 0: without this every rank built (or read) the whole model on
+    its host before sharding, N full copies per node (transformers 5.24's from_pretrained
+    has no rank-0-only path for FSDP: docs/stack-notes.md)."""
+    return cfg.strategy.backend == "fsdp" and int(os.environ.get("RANK", "0")) != 0
+
+
+def unfilled_model(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The model's structure with uninitialised host parameters: built on meta (no weight
+    read, no random init), then every parameter allocated with torch.empty and never
+    written, so the kernel commits no pages to it. Not left on meta: accelerate maps the
+    optimizer's parameters to the sharded ones by data_ptr(), which is 0 for every meta
+    tensor (accelerate issue 3930). Buffers stay real: accelerate copies the non-persistent
+    ones (rotary inverse frequencies) from this rank's own model."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
+                                                 dtype=model_dtype(cfg))
+    model.tie_weights()  # init_empty_weights re-registers each parameter: ties come apart
+    allocated: dict[int, torch.nn.Parameter] = {}  # a tied weight stays one parameter
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) not in allocated:
+                allocated[id(param)] = torch.nn.Parameter(
+                    torch.empty_like(param, device="cpu"), requires_grad=param.requires_grad)
+            module._parameters[name] = allocated[id(param)]
+    return model
+
+
+def model_config(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The architecture: the checkpoint's config.json, else cfg.model's numbers."""
+    from transformers import AutoConfig
+
     m = cfg.model
-    config = AutoConfig.for_model(
+    if m.path:
+        return AutoConfig.from_pretrained(m.path)
+    return AutoConfig.for_model(
         m.architecture,
         hidden_size=m.hidden_size,
         num_hidden_layers=m.num_layers,
@@ -47,8 +94,6 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.device(build_device(cfg)):
-        return AutoModelForCausalLM.from_config(config, dtype=model_dtype(cfg))
 
 
 def build_device(cfg: RunConfig) -> str:

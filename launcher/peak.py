@@ -183,7 +183,9 @@ def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
     # tensor by tensor (accelerate's StateDictOptions(cpu_offload=True))
     save = 8.0 * psi if x.gather_on_save else 0.0
     rank0 = on(0.0, states)
-    # the full fp32 model is built on every rank's host, then sharded onto the device
+    # the full fp32 model: built on rank 0's host, allocated but never written on the other
+    # ranks' (launcher/model.unfilled_model: the allocator counts it, RSS does not), then
+    # sharded onto the device
     return {"construction": (4.0 * part, 4.0 * psi), "between_steps": on(0.0, states),
             "forward_backward": fwd_bwd, "optimizer_step": step,
             "checkpoint": (rank0[0], rank0[1] + save), "checkpoint_other_ranks": rank0}

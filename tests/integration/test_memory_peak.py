@@ -24,6 +24,7 @@ import pytest
 from runs import Run, callbacks, describe_failure
 
 from launcher.compose import compose_config
+from launcher.flops import count_params
 from launcher.memory import activation_bytes
 from launcher.memory_report import memory_table
 from launcher.rundir import RunDir
@@ -141,3 +142,20 @@ def test_doubling_moves_measured_and_predicted_activations_alike(
     predicted = activation_bytes(cfg) - activation_bytes(base_cfg)
     print(f"{doubled}: activations moved by {moved} measured, {predicted:.0f} predicted")
     assert abs(ratio(predicted, moved) - 1) <= TOLERANCE
+
+
+def test_fsdp_only_rank_0_fills_the_model_it_shards(memory_run: Callable[[str], Run]) -> None:
+    """Rank 1 allocates its unsharded parameters but never writes them
+    (launcher/model.unfilled_model): its resident memory does not grow by the model in the
+    model phase, rank 0's does (it builds the seeded fp32 model that every shard gets). The
+    allocator counts both alike, so the live-tensor prediction is the same on both."""
+    run = memory_run("fsdp")
+    model_bytes = 4 * count_params(compose_config(MODEL).model)
+    grown = []
+    for rank in (0, 1):
+        phases = rank_memory(run, rank)["phases"]
+        grown.append(phases["model"]["rss_peak_bytes"] - phases["startup"]["rss_peak_bytes"])
+        assert phases["model"]["peak_bytes"] >= model_bytes, (rank, phases["model"])
+    print(f"fsdp: RSS grown in the model phase {grown}, model {model_bytes}")
+    assert grown[0] > 0.5 * model_bytes, grown
+    assert grown[1] < 0.1 * model_bytes, grown

@@ -164,8 +164,9 @@ def test_fsdp_loads_with_cpu_ram_efficient_loading(
     trained: Callable[..., Run], pretrained_dir: Path
 ) -> None:
     """cpu_ram_efficient_loading is on, and rank 0's weights are what every shard holds:
-    rank 1's weights were zeroed before fully_shard, yet the run starts at the checkpoint's
-    loss (checked in test_full_finetune_starts_from_model_path; repeated here)."""
+    rank 1 built unfilled parameters without reading the checkpoint (zeroing them before
+    fully_shard changes nothing), yet the run starts at the checkpoint's loss (checked in
+    test_full_finetune_starts_from_model_path; repeated here)."""
     run = full_run(trained, pretrained_dir, "fsdp")
     assert_starts_from_checkpoint(run, pretrained_dir)
     for rank in range(WORLD):

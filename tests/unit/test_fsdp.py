@@ -50,7 +50,7 @@ def test_fsdp_defaults() -> None:
             "reshard_after_forward": True,
             "cpu_offload": False,
             "state_dict_type": "FULL_STATE_DICT",
-            "cpu_ram_efficient_loading": False,  # tiny-llama is built from config
+            "cpu_ram_efficient_loading": True,  # rank 0 builds, the others get its weights
             "activation_checkpointing": False,
         },
     }
@@ -67,7 +67,7 @@ def test_fields_follow_the_run_config() -> None:
     assert fsdp_config["reshard_after_forward"] is False
     assert fsdp_config["state_dict_type"] == "SHARDED_STATE_DICT"
     assert fsdp_config["activation_checkpointing"] is True
-    assert fsdp_config["cpu_ram_efficient_loading"] is True  # pretrained weights to read
+    assert fsdp_config["cpu_ram_efficient_loading"] is True
 
 
 def test_half_offload_is_refused_by_validation() -> None:
@@ -85,7 +85,7 @@ def test_training_arguments_turn_settings_into_fsdp2_plugin_args(tmp_path: Path)
         "fsdp_version": 2,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_cls_names_to_wrap": "LlamaDecoderLayer",
-        "cpu_ram_efficient_loading": False,
+        "cpu_ram_efficient_loading": True,
         "state_dict_type": "SHARDED_STATE_DICT",
         "activation_checkpointing": True,
         "reshard_after_forward": False,

@@ -1,11 +1,16 @@
-"""Where a model built from config is initialised (launcher/model.build_device)."""
+"""Where a model is built: a from-config model's device (launcher/model.build_device), and
+the meta build of FSDP's ranks other than 0."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import torch
 
 from launcher.compose import compose_config
-from launcher.model import build_device
+from launcher.model import build_device, build_model, load_tokenizer
 
 
 @pytest.mark.parametrize(("strategy", "device"), [
@@ -23,3 +28,38 @@ def test_gpu_builds_on_this_ranks_device_unless_partitioned_or_offloaded(
 def test_cpu_preset_builds_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert build_device(compose_config(["strategy=ddp"])) == "cpu"
+
+
+def built(strategy: str, rank: int, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Any:
+    monkeypatch.setenv("RANK", str(rank))
+    cfg = compose_config([f"strategy={strategy}", *extra])
+    return build_model(cfg, load_tokenizer(cfg))
+
+
+def test_fsdp_ranks_but_0_build_an_unfilled_model_with_real_buffers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerate broadcasts rank 0's weights into every shard (cpu_ram_efficient_loading):
+    the other ranks need the structure with distinct host parameters (accelerate maps the
+    optimizer by data_ptr), and the rotary buffers, which it copies as they are."""
+    full, unfilled = built("fsdp", 0, monkeypatch), built("fsdp", 1, monkeypatch)
+    params = list(unfilled.parameters())
+    assert all(p.device.type == "cpu" for p in params)
+    assert len({p.data_ptr() for p in params}) == len(params)
+    assert [(n, p.shape, p.dtype, p.requires_grad) for n, p in unfilled.named_parameters()] == [
+        (n, p.shape, p.dtype, p.requires_grad) for n, p in full.named_parameters()]
+    buffers = dict(full.named_buffers())
+    for name, buffer in unfilled.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
+    tied = built("fsdp", 1, monkeypatch, "model.tie_word_embeddings=true")
+    assert tied.lm_head.weight is tied.get_input_embeddings().weight
+
+
+def test_fsdp_rank_1_does_not_read_a_pretrained_checkpoint(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only config.json is read: the weights file may even be missing."""
+    full = built("fsdp", 0, monkeypatch)
+    full.save_pretrained(tmp_path)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    unfilled = built("fsdp", 1, monkeypatch, f"model.path={tmp_path}")
+    assert [n for n, _ in unfilled.named_parameters()] == [n for n, _ in full.named_parameters()]

@@ -194,7 +194,8 @@ def test_max_live_parameters_bounds_the_zero3_gather() -> None:
 
 
 def test_construction_above_training_is_said() -> None:
-    """fsdp on 8 ranks builds the whole fp32 model on every rank before sharding it."""
+    """fsdp on 8 ranks: rank 0 builds the whole fp32 model before sharding it (the others
+    allocate it unwritten, launcher/model.unfilled_model)."""
     cfg = cfg_for(*CPU_MODEL, "cluster.gpus_per_node=8", "strategy=fsdp",
                   "strategy.gather_weights_on_save=false")
     row = estimate(cfg).row("fsdp")
