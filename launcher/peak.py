@@ -119,10 +119,12 @@ def zero12_moments(x: PeakInputs, stage: int, offload: bool) -> dict[str, Split]
     step = (device, host + temps) if offload else (device + grads + 4.0 * part + temps, host)
     # the engine wraps the (cast) model: a flat copy while the originals live (DeepSpeed
     # flattens on the host, then moves the flat buffer: derived), then the partitions
-    # without Adam's states, which come with the first step
+    # without Adam's states, which come with the first step. Without offload,
+    # initialize_optimizer_states adds a zero fp32 grad partition as the master's .grad
+    # and drops it (H200, bf16, N = 1: p*psi + 8psi/N = 10531 MiB, measured 10531)
     flat_copy: Split = (p * psi, p * psi)
     adam = 8.0 * part
-    partitions = (device, host - adam) if offload else (device - adam, host)
+    partitions = (device, host - adam) if offload else (device - adam + 4.0 * part, host)
     construction = larger(flat_copy, partitions)
     save = (device, host + 8.0 * part)  # measured: + 8psi/N while the engine saves
     return {"construction": construction, "between_steps": (device, host),
@@ -149,13 +151,28 @@ def zero3_moments(x: PeakInputs, offload_opt: bool, offload_param: bool) -> dict
     step = (device, host + temps) if offload_opt else (device + 4.0 * sg + temps, host)
     # the 16-bit weights gathered module by module into a state dict on rank 0's host
     save = p * psi if x.gather_on_save else 0.0
-    # zero.Init builds one module at a time (measured: ~ one layer in full); the engine
-    # holds everything but Adam's states before the first step
-    adam = (0.0, 8.0 * part) if offload_opt else (8.0 * part, 0.0)
-    construction = (device - adam[0] + 4.0 * x.layer_psi, host - adam[1])
-    return {"construction": construction, "between_steps": (device, host),
+    return {"construction": zero3_construction(x, offload_opt, offload_param, device, host),
+            "between_steps": (device, host),
             "forward_backward": (fwd_bwd, host), "optimizer_step": step,
             "checkpoint": (device, host + save), "checkpoint_other_ranks": (device, host)}
+
+
+def zero3_construction(x: PeakInputs, offload_opt: bool, offload_param: bool,
+                       device: float, host: float) -> Split:  # device, host: between steps
+    """zero.Init builds one module at a time (measured: ~ one layer in full). Without
+    offload, the engine then holds the param partitions, the fp32 master and the zero fp32
+    grad buffer of the largest sub-group that initialize_optimizer_states sets as .grad and
+    drops; no grad partition yet (H200, bf16, N = 1: 6psi + 4 x 1e9 = 10133 MiB, measured
+    10152; cpu fp32: 12psi/N, measured 12psi/N + 38M). Offloaded: everything but Adam's
+    states (measured on the cpu preset)."""
+    part = x.psi / x.n
+    if offload_opt:
+        return (device + 4.0 * x.layer_psi, host - 8.0 * part)
+    params = x.p * part
+    on_host = params if offload_param else 0.0
+    building: Split = (params - on_host + 4.0 * x.layer_psi, on_host)
+    engine: Split = (params - on_host + 4.0 * part + 4.0 * min(x.sub_group, part), on_host)
+    return larger(building, engine)
 
 
 def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
