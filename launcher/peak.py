@@ -89,11 +89,14 @@ def ddp_moments(x: PeakInputs) -> dict[str, Split]:
     psi = x.psi
     buckets = 4.0 * psi if x.n > 1 else 0.0
     between = 12.0 * psi + buckets
-    # derived from the GPU run: autocast caches a 16-bit copy of each weight for backward
+    # autocast caches a 16-bit copy of each weight during the forward (measured, cpu bf16:
+    # forward end = 16psi + 2psi + acts + autocast_acts to 0.6 %)
     autocast = 2.0 * psi if x.p == 2 else 0.0
     held = 4.0 * psi if x.grad_accum > 1 else 0.0  # grads kept across micro batches
     forward = between + held + autocast + x.acts + x.autocast_acts + x.recompute
-    fwd_bwd = max(forward, between + 4.0 * psi + autocast)
+    # autocast drops its cache when the forward's context exits, and the backward frees
+    # the 16-bit copies it saved as it fills .grad (measured, cpu bf16: 20psi at its end)
+    fwd_bwd = max(forward, between + 4.0 * psi)
     optimizer = between + 4.0 * psi + per_param_temporaries(x, x.largest_tensor)
     return {"construction": (4.0 * psi + buckets, 0.0), "between_steps": (between, 0.0),
             "forward_backward": (fwd_bwd, 0.0), "optimizer_step": (optimizer, 0.0),
@@ -126,7 +129,10 @@ def zero12_moments(x: PeakInputs, stage: int, offload: bool) -> dict[str, Split]
     adam = 8.0 * part
     partitions = (device, host - adam) if offload else (device - adam + 4.0 * part, host)
     construction = larger(flat_copy, partitions)
-    save = (device, host + 8.0 * part)  # measured: + 8psi/N while the engine saves
+    # measured: + a full p*psi copy of the weights while the checkpoint is written (fp32 and
+    # bf16 at N = 2, bf16 at N = 1: docs/memory-notes.md section 11); on the device
+    # beside the weights (derived)
+    save = (device + p * psi, host)
     return {"construction": construction, "between_steps": (device, host),
             "forward_backward": (fwd_bwd, host), "optimizer_step": step,
             "checkpoint": save, "checkpoint_other_ranks": save}

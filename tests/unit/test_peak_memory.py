@@ -58,6 +58,18 @@ MEASURED_ACTIVATIONS = {
     (2, 64, False): 89_289_200, (4, 64, False): 178_447_368, (2, 128, False): 178_578_416,
     (2, 64, True): 6_468_104,
 }
+# cpu preset, bf16 (ddp: fp32 weights under autocast; DeepSpeed and FSDP2: 16-bit working
+# params), the same model and batch: `bench/memory_breakdown.py --strategies ddp zero2 zero3
+# fsdp --extra precision=bf16` (docs/memory-notes.md section 11).
+# (steady, first step, construction, checkpoint rank 0, checkpoint rank 1)
+MEASURED_BF16 = {
+    "ddp": (2_078_895_432, 2_078_756_100, 818_036_858, 1_636_069_628, 1_636_069_628),
+    "zero2": (1_533_707_312, 1_533_637_668, 613_522_432, 1_022_542_872, 1_022_542_872),
+    "zero3": (1_457_016_141, 1_456_946_493, 511_234_049, 1_052_687_645, 860_507_421),
+    "fsdp": (892_502_416, 834_874_706, 623_739_260, 1_438_496_138, 647_345_546),
+}
+# zero2, bf16, one rank (`--extra precision=bf16 cluster.gpus_per_node=1`)
+MEASURED_BF16_ZERO2_ONE_RANK = (2_862_898_224, 2_862_758_948, 1_022_536_704, 1_636_064_280)
 # H200, 1 GPU, bf16, 1.1B Llama, micro batch 4 x 2048, torch fused AdamW: steady MiB
 GPU_MODEL = ["model.hidden_size=2048", "model.num_layers=16", "model.num_heads=32",
              "model.num_kv_heads=8", "model.intermediate_size=8192", "model.vocab_size=32000",
@@ -165,6 +177,29 @@ def test_gpu_steady_state_peak_matches_the_h200_measurement(name: str) -> None:
     predicted = predict_peak(cfg_for(*GPU_MODEL), TABLE[name])
     assert within(predicted.steady_bytes, MEASURED_GPU_STEADY_MIB[name] * 2**20)
     assert within(predicted.moments["first_step"], MEASURED_GPU_FIRST_STEP_MIB[name] * 2**20)
+
+
+@pytest.mark.parametrize("name", list(MEASURED_BF16))
+def test_bf16_on_cpu_matches_the_measurement(name: str) -> None:
+    """16-bit paths measured: ddp's autocast copies gone by the backward's end, DeepSpeed's
+    16-bit flat params and zero fp32 gradient at init, the p*psi copy of a ZeRO-1/2 save."""
+    moments = prediction(name, "precision=bf16").moments
+    steady, first, construction, rank0, rank1 = MEASURED_BF16[name]
+    assert within(prediction(name, "precision=bf16").steady_bytes, steady, 0.02)
+    assert within(moments["first_step"], first)
+    assert within(moments["construction"], construction)
+    assert within(moments["checkpoint"], rank0)
+    assert within(moments["checkpoint_other_ranks"], rank1)
+
+
+def test_bf16_zero2_on_one_rank_tells_the_save_copy_from_a_partition() -> None:
+    """At N = 2 a full p*psi copy and 2p*psi/N look alike; at N = 1 the save adds 2psi."""
+    predicted = prediction("zero2", "precision=bf16", "cluster.gpus_per_node=1")
+    steady, first, construction, checkpoint = MEASURED_BF16_ZERO2_ONE_RANK
+    assert within(predicted.steady_bytes, steady, 0.02)
+    assert within(predicted.moments["first_step"], first)
+    assert within(predicted.moments["construction"], construction, 0.02)
+    assert within(predicted.moments["checkpoint"], checkpoint, 0.02)
 
 
 @pytest.mark.parametrize("name", list(MEASURED_GPU_CONSTRUCTION_MIB))
