@@ -18,6 +18,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from launcher import memtrace, timing
 from launcher.checkpoints import write_complete_marker
+from launcher.preempt import collective_device
 from launcher.rundir import RunDir
 
 
@@ -194,9 +195,7 @@ class TokenCounter(TrainerCallback):
         """Add every rank's tokens counted since the last sync (all ranks call it)."""
         total = self.pending
         if dist.is_available() and dist.is_initialized():
-            device = (torch.device("cuda", torch.cuda.current_device())
-                      if dist.get_backend() == "nccl" else torch.device("cpu"))
-            value = torch.tensor(self.pending, dtype=torch.int64, device=device)
+            value = torch.tensor(self.pending, dtype=torch.int64, device=collective_device())
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             total = int(value.item())
         state.num_input_tokens_seen = (state.num_input_tokens_seen or 0) + total

@@ -145,7 +145,8 @@ def vote(flag: bool, interval: int) -> tuple[bool, int]:
     """One all-reduce (MAX) for both: stop if any rank saw the request, and the smallest
     proposed interval (as the MAX of its negation). Every rank must call it at the same
     step and gets the same answer."""
-    value = torch.tensor([1 if flag else 0, -interval], dtype=torch.int64, device=_device())
+    value = torch.tensor([1 if flag else 0, -interval], dtype=torch.int64,
+                         device=collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     stop, negative = value.tolist()
     return bool(stop), max(1, -int(negative))
@@ -162,8 +163,9 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _device() -> torch.device:
-    # NCCL reduces CUDA tensors only; gloo (CPU) takes CPU tensors.
+def collective_device() -> torch.device:
+    """Where a tensor for a collective must live: NCCL reduces CUDA tensors only, gloo
+    (CPU) takes CPU tensors."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
