@@ -21,7 +21,7 @@ Run: `.venv/bin/python bench/memory_breakdown.py [--strategies ddp zero1 ...] [-
 (one run at a time, ~1.5-3 min each on 2 cores). Writes bench/results/memory_breakdown.json
 and prints the table (docs/memory-notes.md holds a copy and what it means). LoRA runs:
 `--extra peft=lora --out bench/results/memory_breakdown_lora.json` (section 9 there; the
-`est_*` model-state columns stay full fine-tuning's accounting, `est_moments` is peak.py's).
+est_params/grads/optimizer parts stay full fine-tuning's accounting, est_moments is peak.py's).
 """
 
 from __future__ import annotations
