@@ -332,15 +332,17 @@ def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str,
     states = lo.model(x.psi) / n + 8.0 * part
     grads = lo.adapter_bytes * part
     full_tensor = lo.base_bytes * x.largest_tensor  # one parameter gathered whole
+    d, h = between = on(0.0, states)
+    # the gathered state dict goes to rank 0's host (cpu_offload=True), the merge runs there
     return {"construction": (lo.model(x.psi) / n, lo.model(x.psi)),
-            "between_steps": on(0.0, states),
+            "between_steps": between,
             "forward_backward": on(3.0 * layer + x.acts + x.recompute, states + grads),
             "optimizer_step": on(0.0, states + grads + per_param_temporaries(
                 x, lo.largest_adapter / n)),
-            "checkpoint": on(0.0, states + lo.model(x.psi) + full_tensor),
-            "checkpoint_other_ranks": on(0.0, states + 3.0 * full_tensor),
-            "final": on(0.0, states + lo.model(x.psi) + lo.merged(x.psi)),
-            "final_other_ranks": on(3.0 * layer, states)}
+            "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
+            "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),
+            "final": (d + full_tensor, h + lo.model(x.psi) + lo.merged(x.psi)),
+            "final_other_ranks": (d + 3.0 * layer, h)}
 
 
 def lora_moments(x: PeakInputs, lo: LoraInputs, strategy: StrategyConfig) -> dict[str, Split]:
