@@ -20,6 +20,7 @@ from launcher.memory import (
     device_memory_bytes,
     framework_buffer_bytes,
     host_capacity_bytes,
+    lora_activation_bytes,
     model_state_bytes,
 )
 from launcher.peak import predict_peak
@@ -40,7 +41,8 @@ class StrategyEstimate:
     """The same over a training step (first and steady-state steps)."""
     moments: dict[str, float]
     """Moment (construction, between_steps, forward_backward, optimizer_step, checkpoint,
-    checkpoint_other_ranks) -> predicted live tensor bytes per rank."""
+    checkpoint_other_ranks; LoRA: final, final_other_ranks) -> predicted live tensor bytes
+    per rank."""
     construction_above_training: bool
     buffer_bytes: float
     """Framework allowance (runtime, CUDA context, communication): not tensor bytes."""
@@ -92,10 +94,15 @@ def strategy_estimate(
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, activation_bytes(cfg), peak.peak_bytes, peak.steady_bytes,
+        strategy.name, states, run_activation_bytes(cfg), peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
     )
+
+
+def run_activation_bytes(cfg: RunConfig) -> float:
+    """One micro batch's activations: a frozen LoRA base keeps less than full fine-tuning."""
+    return lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
 
 
 def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:

@@ -26,6 +26,7 @@ from launcher.flops import (
     count_params,
     largest_layer_params,
     layer_linear_params,
+    lora_targets,
 )
 from launcher.hardware import GpuPreset, gpu_preset
 from launcher.schema import ModelConfig, RunConfig, StrategyConfig
@@ -211,6 +212,50 @@ def activation_bytes(cfg: RunConfig) -> float:
     layers = model.num_layers * per_layer + 3 * h
     logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
     return e * s * b * layers + logits
+
+
+LORA_INPUT = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
+              "o_proj": "attn_out", "gate_proj": "mlp_in", "up_proj": "mlp_in",
+              "down_proj": "mlp_mid"}
+"""The tensor each LoRA-targeted linear reads: q, k, v share the attention norm's output,
+gate and up the MLP norm's output."""
+
+
+def lora_activation_bytes(cfg: RunConfig) -> float:
+    """Activations of one micro batch when the forward returns, LoRA (frozen base) runs.
+
+    Measured (fp32 CPU, q/k/v/o adapters: 91.9M against 89.3M for full fine-tuning,
+    docs/memory-notes.md section 12) and counted per op with saved-tensor hooks: a frozen
+    linear keeps nothing for backward (its input gradient needs only the weight), so the
+    norms' outputs, o_proj's and down_proj's inputs are not kept; what stays per layer is
+    the two norms' inputs (2h), SDPA's q, k, v and output (2h + 2 kv), the MLP's gate, up
+    and silu(gate) (3i), and per adapted linear of input width w: dropout's mask (w; torch
+    on CPU keeps a float noise tensor, a GPU's fused dropout a bool mask: 1 byte, derived),
+    the dropout output lora_A keeps (w) and lora_A's output (r). Layer 0 reads the frozen
+    embedding: its attention norm keeps nothing and the q/k/v dropouts no mask. Outside the
+    layers the final norm's input (h) and the logits. Without dropout (peft's Identity)
+    lora_A keeps its input, once per distinct input. Gradient checkpointing: each layer
+    keeps its input, as in activation_bytes (derived). Only one shape was measured."""
+    if cfg.train.gradient_checkpointing:
+        return activation_bytes(cfg)
+    model = cfg.model
+    s, b, h, r = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size, cfg.peft.r
+    fp32 = cfg.precision.name == "fp32"
+    e = 4 if fp32 else 2
+    mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
+    kv = h // model.num_heads * model.num_kv_heads
+    widths = {"attn_in": h, "attn_out": h, "mlp_in": h, "mlp_mid": model.intermediate_size}
+    targets = lora_targets(cfg)
+    layer = e * (4 * h + 2 * kv + 3 * model.intermediate_size + r * len(targets))
+    if cfg.peft.dropout > 0:
+        layer += sum((e + mask) * widths[LORA_INPUT[t]] for t in targets)
+        first = layer - e * h - sum(mask * h for t in targets if LORA_INPUT[t] == "attn_in")
+    else:  # lora_A keeps its input itself, one per distinct input tensor
+        layer += sum(e * widths[i] for i in {LORA_INPUT[t] for t in targets})
+        first = layer - e * h
+    layers = (model.num_layers - 1) * layer + first + e * h
+    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
+    return s * b * layers + logits
 
 
 def recompute_bytes(cfg: RunConfig) -> float:

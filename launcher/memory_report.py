@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.peak import RANK0_MOMENTS, other_ranks_peak
+
 GIB = 1024**3
 
 PHASE_MOMENTS = {
@@ -17,10 +19,12 @@ PHASE_MOMENTS = {
     "first_step": "first_step",
     "steady": "steady",
     "checkpoint": "checkpoint",
+    "final": "final",
 }
 """Phase (metrics/rank<R>.json) -> the moment that predicts its peak. Construction bounds
-both the model build and the engine wrapping; phases not listed (startup, eval, final)
-have no prediction."""
+both the model build and the engine wrapping; "final" is predicted for LoRA runs only (the
+merged save: launcher/peak.py RANK0_MOMENTS); phases not listed (startup, eval) have no
+prediction."""
 
 
 def predicted_for(estimate: dict[str, Any], phase: str, rank: int) -> float | None:
@@ -29,8 +33,8 @@ def predicted_for(estimate: dict[str, Any], phase: str, rank: int) -> float | No
     moment = PHASE_MOMENTS.get(phase)
     if moment == "steady":
         return estimate.get("steady_bytes")
-    if moment == "checkpoint" and rank > 0:
-        moment = "checkpoint_other_ranks"
+    if moment in RANK0_MOMENTS and rank > 0:
+        moment = f"{moment}_other_ranks"
     return moments.get(moment) if moment else None
 
 
@@ -77,8 +81,9 @@ def memory_table(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list[
 
 
 def _rank_peak(estimate: dict[str, Any], rank: int) -> float | None:
-    """Rank 0 saves the gathered checkpoint; the other ranks' peak leaves it out."""
+    """Rank 0 saves the gathered checkpoint (and LoRA's merged model); the other ranks'
+    peak leaves those out."""
     moments = estimate.get("moments") or {}
     if rank == 0 or "checkpoint_other_ranks" not in moments:
         return estimate.get("peak_bytes")
-    return max(v for k, v in moments.items() if k != "checkpoint")
+    return other_ranks_peak(moments)

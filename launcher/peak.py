@@ -23,9 +23,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from launcher.ds_config import STAGE3_MAX_LIVE_PARAMETERS, SUB_GROUP_SIZE, bucket_elements
-from launcher.flops import count_params, layer_linear_params
+from launcher.flops import (
+    adapter_params,
+    count_params,
+    layer_linear_params,
+    linear_shapes,
+    lora_targets,
+)
 from launcher.hardware import gpu_preset
-from launcher.memory import activation_bytes, model_state_bytes, param_bytes, recompute_bytes
+from launcher.memory import (
+    activation_bytes,
+    lora_activation_bytes,
+    model_state_bytes,
+    param_bytes,
+    recompute_bytes,
+)
 from launcher.schema import RunConfig, StrategyConfig
 
 Split = tuple[float, float]
@@ -34,6 +46,11 @@ Split = tuple[float, float]
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
 MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
            "checkpoint_other_ranks")
+RANK0_MOMENTS = ("checkpoint", "final")
+"""Moments only rank 0 reaches (it gathers or merges what it saves); the other ranks'
+counterparts are `<moment>_other_ranks`. "final" (the final eval and save) exists for LoRA
+runs only: their merged save peaks above every training step (measured); full
+fine-tuning's stays below its other moments (docs/memory-notes.md section 2)."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +231,185 @@ def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
             "checkpoint": (rank0[0], rank0[1] + save), "checkpoint_other_ranks": rank0}
 
 
+# ---------------------------------------------------------------- LoRA (frozen base)
+
+
+@dataclass(frozen=True)
+class LoraInputs:
+    """What a LoRA run holds beyond PeakInputs (whose psi stays the base's parameters and
+    whose acts are lora_activation_bytes). Measured on 2 CPU ranks in fp32, q/k/v/o
+    adapters (docs/memory-notes.md section 12); the 16-bit byte widths are derived."""
+
+    adapters: int
+    """a: the trainable parameters (launcher/flops.adapter_params)."""
+    largest_adapter: int
+    """Numel of the largest adapter tensor (r x the widest adapted input or output)."""
+    layer_adapters: int
+    base_bytes: int
+    """Bytes per frozen base weight as the engine holds it: 2 for a bf16 base
+    (model_dtype) or under a 16-bit DeepSpeed engine (it casts the module), else 4."""
+    adapter_bytes: int
+    """Bytes per adapter weight: 4 under DDP/FSDP (peft keeps adapters in fp32), p under
+    DeepSpeed (the engine casts them with the base)."""
+    merge_temporaries: float
+    """The final merge's transient for its largest weight: B @ A and W + B @ A in fp32
+    (8 bytes/element measured in fp32; + the fp32 upcast and the cast back in 16-bit)."""
+
+    def model(self, psi: int) -> float:
+        """The model's bytes: frozen base + adapters."""
+        return self.base_bytes * psi + self.adapter_bytes * self.adapters
+
+    def merged(self, psi: int) -> float:
+        """Rank 0's final save on the host: a clone of every base weight, merged into."""
+        return self.base_bytes * psi + self.merge_temporaries
+
+
+def shifted(moments: dict[str, Split], device: float) -> dict[str, Split]:
+    """Every moment plus `device` bytes (the frozen base, held throughout)."""
+    return {m: (d + device, h) for m, (d, h) in moments.items()}
+
+
+def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
+    """x as if the adapters were the whole model: what an engine's flat buffers, DDP's
+    buckets, the grads and Adam cover (measured: ZeRO-1/2 flatten only the parameters
+    that require grad; DDP buckets only those)."""
+    return replace(x, psi=lo.adapters, largest_tensor=lo.largest_adapter, p=lo.adapter_bytes,
+                   autocast_acts=0.0)
+
+
+def lora_ddp_moments(x: PeakInputs, lo: LoraInputs) -> dict[str, Split]:
+    """DDP: the base's p_b*psi + ddp_moments over the adapters (4a params, 4a buckets, 8a
+    Adam). Construction held the model twice (measured 826.4M = 2 x 413.2M, not
+    attributed: DDP's broadcast of the module states is the candidate). The Trainer's
+    checkpoint saves the adapters only; the final save clones the base on rank 0 to merge."""
+    moments = shifted(ddp_moments(trainable_view(x, lo)), lo.base_bytes * x.psi)
+    if x.p == 2 and lo.base_bytes == 4:  # fp32 base under fp16 autocast (derived): the
+        # forward saves a 16-bit copy of each frozen weight for the backward, which frees
+        # them (autocast caches only weights that require grad; measured for ddp in bf16:
+        # nothing of it is left between steps, docs/memory-notes.md section 11)
+        d, h = moments["forward_backward"]
+        moments["forward_backward"] = (d + 2.0 * x.psi + x.autocast_acts, h)
+    between = moments["between_steps"]
+    return {**moments, "construction": (2.0 * lo.model(x.psi), 0.0),
+            "checkpoint": between, "checkpoint_other_ranks": between,
+            "final": (between[0], between[1] + lo.merged(x.psi)),
+            "final_other_ranks": between}
+
+
+def lora_zero12_moments(x: PeakInputs, lo: LoraInputs, stage: int,
+                        offload: bool) -> dict[str, Split]:
+    """ZeRO-1/2: the frozen base stays a plain module tensor (p_b*psi); zero12_moments over
+    the adapters (flat p*a, master 4a/N, Adam 8a/N, reduce buckets 2p*bucket). Both the
+    Trainer's checkpoint and the final save first clone the whole state dict on every rank
+    (accelerate's get_state_dict: clone_tensors_for_torch_save, to the host); rank 0 then
+    merges (measured: checkpoint 832.7M, final 1254.3M on rank 0, 832.7M on rank 1)."""
+    moments = shifted(zero12_moments(trainable_view(x, lo), stage, offload),
+                      lo.base_bytes * x.psi)
+    d, h = moments["between_steps"]
+    saved = (d, h + lo.model(x.psi))
+    return {**moments, "checkpoint": saved, "checkpoint_other_ranks": saved,
+            "final": (d, saved[1] + lo.merged(x.psi)), "final_other_ranks": saved}
+
+
+def lora_zero3_moments(x: PeakInputs, lo: LoraInputs, offload_opt: bool,
+                       offload_param: bool) -> dict[str, Split]:
+    """ZeRO-3 partitions the frozen base too (p*psi/N). Measured between steps beside it:
+    the adapters' partition p*a/N and a p*a buffer, a p*bucket buffer (told apart by size
+    only), Adam 8a/N (+ fp32 grads 4a/N on the host under offload). The forward keeps
+    every parameter gathered (max_live) and, unlike full fine-tuning, peaks with
+    all-gathers in flight: 2N*p*bucket at the forward's start (zero3_offload) or N*p*bucket
+    beside the activations (zero3). The first step has no trace yet: each module's
+    parameters go after use (measured 395.0M). The Trainer's checkpoint gathers the
+    adapters only; the final eval gathers everything again; the final save gathers the
+    whole state dict on rank 0 and merges it."""
+    psi, p, a, part = x.psi, x.p, lo.adapters, lo.adapters / x.n
+    base = p * psi / x.n
+    adam = 8.0 * part + (4.0 * part if p == 2 else 0.0)  # + the fp32 master in 16-bit
+    states = adam + (4.0 * part if offload_opt else 0.0)
+    kept = p * part + p * a + p * x.bucket
+    device = kept + (0.0 if offload_param else base) + (0.0 if offload_opt else states)
+    host = (base if offload_param else 0.0) + (states if offload_opt else 0.0)
+    gather = p * min(psi + a, x.max_live)
+    in_flight = 2.0 * x.n * p * x.bucket
+    fwd_bwd = device + gather + max(x.acts + x.recompute + in_flight / 2.0, in_flight)
+    temps = flat_temporaries(x, part)
+    step = (device, host + temps) if offload_opt else (device + 4.0 * part + temps, host)
+    fresh: Split = (device - (0.0 if offload_opt else 8.0 * part), host)
+    saved: Split = (device + p * x.bucket, host)
+    return {"construction": larger((base + 4.0 * x.layer_psi, 0.0), fresh),
+            "first_step": (fresh[0] + x.acts + p * x.bucket, fresh[1]),
+            "between_steps": (device, host), "forward_backward": (fwd_bwd, host),
+            "optimizer_step": step, "checkpoint": saved, "checkpoint_other_ranks": saved,
+            "final": (device, host + lo.model(psi) + lo.merged(psi)),
+            "final_other_ranks": (device + gather + in_flight, host)}
+
+
+def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str, Split]:
+    """FSDP2 shards base and adapters alike (the model's bytes / N) + Adam 8a/N. Measured
+    peak at the backward's start: three unsharded layers (p bytes per parameter under a
+    16-bit MixedPrecisionPolicy: derived) while every activation still lives. The
+    Trainer's checkpoint gathers the full model state dict on rank 0 (FULL_STATE_DICT)
+    while each rank gathers tensor by tensor (3 x the largest: 33.8M on rank 1, to the
+    byte); the final save gathers it again and merges; the final eval unshards layers."""
+    n, part = x.n, lo.adapters / x.n
+    layer = x.p * (x.layer_psi + lo.layer_adapters)
+
+    def on(device: float, host: float) -> Split:  # states on the host under offload
+        return (device, host) if offload else (device + host, 0.0)
+
+    states = lo.model(x.psi) / n + 8.0 * part
+    grads = lo.adapter_bytes * part
+    full_tensor = lo.base_bytes * x.largest_tensor  # one parameter gathered whole
+    d, h = between = on(0.0, states)
+    # the gathered state dict goes to rank 0's host (cpu_offload=True), the merge runs there
+    return {"construction": (lo.model(x.psi) / n, lo.model(x.psi)),
+            "between_steps": between,
+            "forward_backward": on(3.0 * layer + x.acts + x.recompute, states + grads),
+            "optimizer_step": on(0.0, states + grads + per_param_temporaries(
+                x, lo.largest_adapter / n)),
+            "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
+            "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),
+            "final": (d + full_tensor, h + lo.model(x.psi) + lo.merged(x.psi)),
+            "final_other_ranks": (d + 3.0 * layer, h)}
+
+
+def lora_moments(x: PeakInputs, lo: LoraInputs, strategy: StrategyConfig) -> dict[str, Split]:
+    """The moments of a LoRA run under `strategy`, first_step included."""
+    part = lo.adapters / x.n
+    offload = strategy.offload_optimizer or (strategy.backend == "fsdp" and strategy.offload_param)
+    adam: Split = (0.0, 8.0 * part) if offload else (8.0 * part, 0.0)
+    if strategy.backend == "ddp":
+        moments, adam = lora_ddp_moments(x, lo), (8.0 * lo.adapters, 0.0)
+    elif strategy.backend == "fsdp":
+        moments = lora_fsdp_moments(x, lo, offload)
+    elif strategy.backend != "deepspeed" or strategy.zero_stage not in (1, 2, 3):
+        return strategy_moments(x, strategy)  # the same clear error
+    elif strategy.zero_stage == 3:
+        return lora_zero3_moments(x, lo, strategy.offload_optimizer, strategy.offload_param)
+    else:
+        moments = lora_zero12_moments(x, lo, strategy.zero_stage, strategy.offload_optimizer)
+    return {**moments, "first_step": first_step(moments, adam)}
+
+
+def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
+    """LoraInputs from cfg: adapter count and shapes, the engine's byte widths."""
+    model, r = cfg.model, cfg.peft.r
+    p = param_bytes(cfg.precision.name)
+    deepspeed = strategy.backend == "deepspeed"
+    base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
+    widest = max((max(i, o) for t, (i, o) in linear_shapes(model).items()
+                  if t in lora_targets(cfg)), default=0)
+    largest = max((i * o for t, (i, o) in linear_shapes(model).items()
+                   if t in lora_targets(cfg)), default=0)
+    adapters = adapter_params(cfg)
+    return LoraInputs(
+        adapters=adapters, largest_adapter=r * widest,
+        layer_adapters=adapters // max(model.num_layers, 1), base_bytes=base,
+        adapter_bytes=p if deepspeed else 4,
+        merge_temporaries=(8.0 if base == 4 else 14.0) * largest,
+    )
+
+
 # ---------------------------------------------------------------- from a run's config
 
 
@@ -246,11 +442,14 @@ class PeakPrediction:
             self.steady_bytes, self.moments["checkpoint"])
 
     def rank_peak_bytes(self, rank: int) -> float:
-        """The run's peak on `rank`: only rank 0 holds the gathered checkpoint."""
-        other = self.moments["checkpoint_other_ranks"]
-        if rank == 0:
-            return self.peak_bytes
-        return max(self.moments["construction"], self.steady_bytes, other)
+        """The run's peak on `rank`: only rank 0 holds the gathered checkpoint (and, with
+        LoRA, the merged final model)."""
+        return self.peak_bytes if rank == 0 else other_ranks_peak(self.moments)
+
+
+def other_ranks_peak(moments: dict[str, float]) -> float:
+    """The run's peak on every rank but 0: all moments but those only rank 0 reaches."""
+    return max(v for k, v in moments.items() if k not in RANK0_MOMENTS)
 
 
 def strategy_moments(x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
@@ -313,13 +512,20 @@ def autocast_activation_bytes(cfg: RunConfig) -> float:
 
 
 def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
-    """Per-rank peak of cfg's run under `strategy`. PEFT runs are not measured yet: their
-    one moment is the model-state accounting plus activations (launcher/memory.py)."""
+    """Per-rank peak of cfg's run under `strategy`. LoRA: its own moments (a frozen
+    base, launcher/peak.py's lora_* functions, measured). QLoRA is not measured (it
+    needs a pretrained checkpoint and bitsandbytes' 4-bit kernels): its one moment is the
+    model-state accounting plus activations (launcher/memory.py)."""
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    if cfg.peft.name != "none":
+    if cfg.peft.name == "qlora":
         total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
         return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0)
-    moments = strategy_moments(peak_inputs(cfg, strategy), strategy)
+    x = peak_inputs(cfg, strategy)
+    if cfg.peft.name == "lora":
+        x = replace(x, acts=lora_activation_bytes(cfg))
+        moments = lora_moments(x, lora_inputs(cfg, strategy), strategy)
+    else:
+        moments = strategy_moments(x, strategy)
     if on_cpu:  # one memory: the tracker counts host tensors too
         return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0)
     host = max(h for _, h in moments.values())

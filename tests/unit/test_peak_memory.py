@@ -19,8 +19,8 @@ import pytest
 from launcher.compose import compose_config
 from launcher.estimate import estimate
 from launcher.estimate_table import render_estimate_table
-from launcher.flops import count_params
-from launcher.memory import activation_bytes
+from launcher.flops import adapter_params, count_params
+from launcher.memory import activation_bytes, lora_activation_bytes, model_state_bytes
 from launcher.peak import PeakInputs, peak_inputs, predict_peak, strategy_moments
 from launcher.schema import StrategyConfig
 from launcher.strategies import concrete_strategies
@@ -110,9 +110,13 @@ def test_every_measured_phase_is_predicted(name: str) -> None:
     moments = prediction(name).moments
     assert within(moments["first_step"], MEASURED_FIRST_STEP[name])
     assert within(moments["construction"], MEASURED_ENGINE[name])
-    rank0, rank1 = MEASURED_CHECKPOINT[name]
-    assert within(moments["checkpoint"], rank0)
-    assert within(moments["checkpoint_other_ranks"], rank1)
+    assert_per_rank(moments, "checkpoint", MEASURED_CHECKPOINT[name])
+
+
+def assert_per_rank(moments: dict[str, float], moment: str, measured: tuple[int, int]) -> None:
+    """Rank 0's `moment` and the other ranks' `<moment>_other_ranks` against (r0, r1)."""
+    assert within(moments[moment], measured[0]), moment
+    assert within(moments[f"{moment}_other_ranks"], measured[1]), moment
 
 
 @pytest.mark.parametrize("name", list(MEASURED_STEADY))
@@ -256,3 +260,108 @@ def test_an_unknown_backend_is_a_clear_error() -> None:
     bad = StrategyConfig(name="zero0", backend="deepspeed", zero_stage=0)
     with pytest.raises(ValueError, match="no moments for strategy zero0"):
         strategy_moments(peak_inputs(cfg_for(*CPU_MODEL), bad), bad)
+
+
+# ---------------------------------------------------------------- LoRA (peft=lora)
+# MEASURED on the same 2 CPU ranks, model and data, with peft=lora (r 16, alpha 32,
+# dropout 0.05, adapters on q/k/v/o: 1,048,576 trainable parameters; the base frozen, fp32):
+#     .venv/bin/python bench/memory_breakdown.py --profile --extra peft=lora \
+#         --strategies ddp zero1 zero2 zero3 fsdp zero2_offload zero3_offload fsdp_offload \
+#         --out bench/results/memory_breakdown_lora.json
+# (docs/memory-notes.md section 12). Bytes per rank, both ranks equal unless a pair is given.
+LORA = [*CPU_MODEL, "peft=lora"]
+LORA_STEADY = {
+    "ddp": 521_407_516, "zero1": 515_582_360, "zero2": 515_582_360, "zero3": 900_407_001,
+    "fsdp": 455_570_548, "zero2_offload": 519_907_736, "zero3_offload": 884_463_637,
+    "fsdp_offload": 455_570_548,
+}
+LORA_FIRST_STEP = {
+    "ddp": 513_018_644, "zero1": 511_388_044, "zero2": 511_388_044, "zero3": 394_999_061,
+    "fsdp": 451_375_980, "zero2_offload": 515_713_420, "zero3_offload": 397_092_617,
+    "fsdp_offload": 451_375_980,
+}
+LORA_CONSTRUCTION = {  # the larger of the "model" and "engine" phases
+    "ddp": 826_419_200, "zero1": 417_403_904, "zero2": 417_403_904, "zero3": 272_141_312,
+    "fsdp": 619_814_232, "zero2_offload": 419_639_418, "zero3_offload": 272_141_312,
+    "fsdp_offload": 619_814_232,
+}
+LORA_CHECKPOINT = {  # (rank 0, rank 1)
+    "ddp": (425_803_984, 425_803_984), "zero1": (832_715_796, 832_715_796),
+    "zero2": (832_715_796, 832_715_796), "zero3": (304_137_753, 299_943_449),
+    "fsdp": (633_177_448, 244_622_696), "zero2_offload": (837_041_172, 837_041_172),
+    "zero3_offload": (305_710_613, 302_040_597), "fsdp_offload": (633_177_448, 239_018_520),
+}
+LORA_FINAL = {  # the final phase (eval + the merged model's save), (rank 0, rank 1)
+    "ddp": (847_389_968, 432_257_816), "zero1": (1_254_306_840, 832_709_645),
+    "zero2": (1_254_306_840, 832_709_645), "zero3": (1_105_190_429, 882_366_485),
+    "fsdp": (1_045_605_736, 367_469_424), "zero2_offload": (1_258_632_216, 837_035_021),
+    "zero3_offload": (1_107_287_577, 884_463_633), "fsdp_offload": (1_045_605_736, 367_469_424),
+}
+LORA_RUN_PEAK = {name: (max(LORA_STEADY[name], LORA_CONSTRUCTION[name], LORA_CHECKPOINT[name][0],
+                            LORA_FINAL[name][0]),
+                        max(LORA_STEADY[name], LORA_CONSTRUCTION[name], LORA_CHECKPOINT[name][1],
+                            LORA_FINAL[name][1]))
+                 for name in LORA_STEADY}
+LORA_ACTIVATIONS = 91_910_408  # forward end - step begin, ddp (zero1/2 identical)
+
+
+def lora_prediction(name: str, *extra: str):
+    return predict_peak(cfg_for(*LORA, *extra), TABLE[name])
+
+
+def test_lora_trains_the_measured_adapter_count() -> None:
+    """ddp's params grew by exactly 4 x this (413,208,576 = 4 x (psi + a))."""
+    assert adapter_params(cfg_for(*LORA)) == 1_048_576
+    assert 4 * (count_params(cfg_for(*LORA).model) + 1_048_576) == 413_208_576
+
+
+def test_lora_activations_match_the_measurement() -> None:
+    """A frozen base keeps less per layer, the adapters' dropout and inputs add more."""
+    assert within(lora_activation_bytes(cfg_for(*LORA)), LORA_ACTIVATIONS, 0.01)
+    assert within(activation_bytes(cfg_for(*CPU_MODEL)), MEASURED_ACTIVATIONS[(2, 64, False)])
+
+
+@pytest.mark.parametrize("name", list(LORA_STEADY))
+def test_lora_steady_peak_and_every_phase_match_the_measurement(name: str) -> None:
+    """Steady step, first step, construction, and per rank the checkpoint and the final
+    phase (eval + the merged model's save)."""
+    prediction = lora_prediction(name)
+    assert within(prediction.steady_bytes, LORA_STEADY[name])
+    moments = prediction.moments
+    assert within(moments["first_step"], LORA_FIRST_STEP[name])
+    assert within(moments["construction"], LORA_CONSTRUCTION[name])
+    assert_per_rank(moments, "checkpoint", LORA_CHECKPOINT[name])
+    assert_per_rank(moments, "final", LORA_FINAL[name])
+
+
+@pytest.mark.parametrize("name", list(LORA_STEADY))
+def test_lora_run_peak_per_rank(name: str) -> None:
+    """Rank 0 peaks in the final merged save under every strategy but DDP's rank 1
+    (construction) and ZeRO-3's rank 1 (the forward)."""
+    prediction = lora_prediction(name)
+    for rank in (0, 1):
+        assert within(prediction.rank_peak_bytes(rank), LORA_RUN_PEAK[name][rank]), rank
+    assert prediction.peak_bytes == prediction.moments["final"]
+
+
+def test_lora_no_longer_uses_the_model_state_fallback() -> None:
+    """The old figure (model states + activations, one value for every moment) was 0.99 of
+    ddp's steady peak but 0.61 of its run peak (the final save) and 0.35 of zero3's steady
+    peak (0.12-0.99 of the measured peaks over the eight strategies)."""
+    cfg = cfg_for(*LORA, "strategy=zero3")
+    old = model_state_bytes(cfg, cfg.strategy)[0] + activation_bytes(cfg)
+    assert not within(old, LORA_STEADY["zero3"])
+    assert within(predict_peak(cfg, cfg.strategy).steady_bytes, LORA_STEADY["zero3"])
+
+
+def test_lora_frozen_base_holds_no_grads_or_adam_states() -> None:
+    """Doubling the rank only moves the adapters' share: params, grads, Adam, buckets."""
+    small, large = lora_prediction("ddp"), lora_prediction("ddp", "peft.r=32")
+    moved = large.moments["between_steps"] - small.moments["between_steps"]
+    assert moved == pytest.approx(16 * 1_048_576)  # 4 params + 4 buckets + 8 Adam
+
+
+def test_qlora_stays_on_the_model_state_accounting() -> None:
+    cfg = cfg_for(*CPU_MODEL, "peft=qlora", "peft.bits=4", "strategy=ddp")
+    prediction = predict_peak(cfg, cfg.strategy)
+    assert len(set(prediction.moments.values())) == 1
