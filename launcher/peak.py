@@ -260,7 +260,9 @@ class LoraInputs:
         return self.base_bytes * psi + self.adapter_bytes * self.adapters
 
     def merged(self, psi: int) -> float:
-        """Rank 0's final save on the host: a clone of every base weight, merged into."""
+        """Rank 0's final save from the live model (DDP): a clone of every base weight,
+        merged into. A gathered state dict (ZeRO, FSDP) is merged in place: only the
+        merge_temporaries (launcher/checkpoints.merge_lora_state_dict)."""
         return self.base_bytes * psi + self.merge_temporaries
 
 
@@ -302,13 +304,14 @@ def lora_zero12_moments(x: PeakInputs, lo: LoraInputs, stage: int,
     the adapters (flat p*a, master 4a/N, Adam 8a/N, reduce buckets 2p*bucket). Both the
     Trainer's checkpoint and the final save first clone the whole state dict on every rank
     (accelerate's get_state_dict: clone_tensors_for_torch_save, to the host); rank 0 then
-    merges (measured: checkpoint 832.7M, final 1254.3M on rank 0, 832.7M on rank 1)."""
+    merges it in place (measured: checkpoint 832.7M, final 1254.3M on rank 0 while the merge
+    still cloned the base, 832.7M on rank 1)."""
     moments = shifted(zero12_moments(trainable_view(x, lo), stage, offload),
                       lo.base_bytes * x.psi)
     d, h = moments["between_steps"]
     saved = (d, h + lo.model(x.psi))
     return {**moments, "checkpoint": saved, "checkpoint_other_ranks": saved,
-            "final": (d, saved[1] + lo.merged(x.psi)), "final_other_ranks": saved}
+            "final": (d, saved[1] + lo.merge_temporaries), "final_other_ranks": saved}
 
 
 def lora_zero3_moments(x: PeakInputs, lo: LoraInputs, offload_opt: bool,
@@ -340,7 +343,10 @@ def lora_zero3_moments(x: PeakInputs, lo: LoraInputs, offload_opt: bool,
             "first_step": (fresh[0] + x.acts + p * x.bucket, fresh[1]),
             "between_steps": (device, host), "forward_backward": (fwd_bwd, host),
             "optimizer_step": step, "checkpoint": saved, "checkpoint_other_ranks": saved,
-            "final": (device, host + lo.model(psi) + lo.merged(psi)),
+            # rank 0: the gathered save merged in place, or the final eval's gather, which
+            # every rank reaches (measured: rank 0's final phase equals rank 1's)
+            "final": larger((device, host + lo.model(psi) + lo.merge_temporaries),
+                            (device + gather + in_flight, host)),
             "final_other_ranks": (device + gather + in_flight, host)}
 
 
@@ -369,7 +375,7 @@ def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str,
                 x, lo.largest_adapter / n)),
             "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
             "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),
-            "final": (d + full_tensor, h + lo.model(x.psi) + lo.merged(x.psi)),
+            "final": (d + full_tensor, h + lo.model(x.psi) + lo.merge_temporaries),
             "final_other_ranks": (d + 3.0 * layer, h)}
 
 

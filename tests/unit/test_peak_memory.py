@@ -287,15 +287,16 @@ LORA_CONSTRUCTION = {  # the larger of the "model" and "engine" phases
 }
 LORA_CHECKPOINT = {  # (rank 0, rank 1)
     "ddp": (425_803_984, 425_803_984), "zero1": (832_715_796, 832_715_796),
-    "zero2": (832_715_796, 832_715_796), "zero3": (304_137_753, 299_943_449),
+    "zero2": (832_715_796, 832_715_796), "zero3": (292_865_561, 299_943_449),
     "fsdp": (633_177_448, 244_622_696), "zero2_offload": (837_041_172, 837_041_172),
-    "zero3_offload": (305_710_613, 302_040_597), "fsdp_offload": (633_177_448, 239_018_520),
+    "zero3_offload": (305_186_325, 302_040_597), "fsdp_offload": (633_177_448, 244_622_696),
 }
-LORA_FINAL = {  # the final phase (eval + the merged model's save), (rank 0, rank 1)
-    "ddp": (847_389_968, 432_257_816), "zero1": (1_254_306_840, 832_709_645),
-    "zero2": (1_254_306_840, 832_709_645), "zero3": (1_105_190_429, 882_366_485),
-    "fsdp": (1_045_605_736, 367_469_424), "zero2_offload": (1_258_632_216, 837_035_021),
-    "zero3_offload": (1_107_287_577, 884_463_633), "fsdp_offload": (1_045_605_736, 367_469_424),
+LORA_FINAL = {  # the final phase (eval + the merged model's save), (rank 0, rank 1); ZeRO
+    # and FSDP merge the gathered state dict in place (re-measured after that change)
+    "ddp": (847_389_968, 432_257_816), "zero1": (845_292_568, 832_709_645),
+    "zero2": (845_292_568, 832_709_645), "zero3": (882_366_485, 882_366_485),
+    "fsdp": (636_591_464, 367_469_424), "zero2_offload": (849_617_944, 837_035_021),
+    "zero3_offload": (884_463_633, 884_463_633), "fsdp_offload": (636_591_464, 367_469_424),
 }
 LORA_RUN_PEAK = {name: (max(LORA_STEADY[name], LORA_CONSTRUCTION[name], LORA_CHECKPOINT[name][0],
                             LORA_FINAL[name][0]),
