@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,7 @@ class Run:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def train_losses(self) -> dict[int, float]:
-        """step -> train loss of this run dir (each step must be logged once)."""
-        steps = [m["step"] for m in self.metrics() if "loss" in m]
-        assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
-        return {m["step"]: m["loss"] for m in self.metrics() if "loss" in m}
+        return train_losses(self.run_dir)
 
     def launches(self) -> list[dict[str, Any]]:
         path = RunDir(self.run_dir).launches
@@ -86,6 +84,15 @@ class Run:
 
     def logits(self) -> dict[str, torch.Tensor]:
         return torch.load(self.run_dir / PROBES / "logits.pt")
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> train loss of a run dir's metrics.jsonl (each step must be logged once)."""
+    path = RunDir(run_dir).metrics
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
 def free_port() -> int:
@@ -105,11 +112,17 @@ def plan_run(root: Path, name: str, overrides: list[str]) -> Prepared:
         )
 
 
+def project_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment plus `extra`, with the project root first on PYTHONPATH."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def launch(prepared: Prepared) -> Run:
     """Start the ranks with the run dir's own argv and wait; output captured. The ranks
     start in the project root, so the injected probes import as tests.integration.probes."""
-    env = {**os.environ, **prepared.launch.env}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env = project_env(prepared.launch.env)
     start = time.monotonic()
     proc = subprocess.run(
         resolve_tool(prepared.launch.argv), cwd=PROJECT_ROOT, env=env, capture_output=True,

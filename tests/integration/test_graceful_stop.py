@@ -23,7 +23,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from runs import FAST_TRAIN, RUN_TIMES, Run, describe_failure, free_port, plan_run
+from runs import (
+    FAST_TRAIN,
+    RUN_TIMES,
+    Run,
+    describe_failure,
+    free_port,
+    plan_run,
+    project_env,
+    train_losses,
+)
 from test_train_resume import MAX_STEPS
 from test_train_strategies import run_name, strategy_overrides
 
@@ -36,12 +45,6 @@ pytestmark = pytest.mark.slow
 
 SLOW = "train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5}]"
 WAIT_S = 300
-
-
-def project_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-    return env
 
 
 def start_in_session(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -82,14 +85,6 @@ def wait_for_step(metrics: Callable[[], Path | None], step: int,
     raise AssertionError(f"no loss for step {step} within {WAIT_S} s")
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if line.strip()]
-    steps = [r["step"] for r in records if "loss" in r]
-    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
-
-
 def stop_with_signal(root: Path, name: str, overrides: list[str], signum: signal.Signals,
                      at_step: int) -> tuple[Path, int]:
     """`ftl train` in its own session, `signum` to its process group once step `at_step`
@@ -121,7 +116,7 @@ def check_stopped_at_a_boundary(run_dir: Path, returncode: int, at_step: int, lo
     marker = checkpoint / COMPLETE_MARKER
     assert (run_dir / "preempted").stat().st_mtime >= marker.stat().st_mtime
     assert not (run_dir / "result.json").exists()
-    assert sorted(losses(run_dir)) == list(range(1, stop_step + 1))
+    assert sorted(train_losses(run_dir)) == list(range(1, stop_step + 1))
     return stop_step
 
 
@@ -160,7 +155,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     assert launch_record["resumed_from"] == str(checkpoint)
     assert launch_record["start_step"] == stop_step
 
-    first, second = losses(first_dir), losses(second_dir)
+    first, second = train_losses(first_dir), train_losses(second_dir)
     assert min(second) == stop_step + 1, (stop_step, sorted(second))
     joined = {**first, **second}
     assert sorted(joined) == list(range(1, MAX_STEPS + 1))
@@ -219,7 +214,7 @@ def test_sigterm_through_torchrun_reaches_the_ranks_and_they_save(runs_root: Pat
     assert is_complete(prepared.run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
     # A batch script whose shell saw nothing still finds the request and requeues.
     assert (prepared.run_dir / "preempt.requested").exists()
-    assert sorted(losses(prepared.run_dir)) == list(range(1, preempted["step"] + 1))
+    assert sorted(train_losses(prepared.run_dir)) == list(range(1, preempted["step"] + 1))
 
 
 def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: Path) -> None:
@@ -251,4 +246,4 @@ def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: 
     assert preempted["reason"] == "SIGTERM", preempted
     assert 2 <= preempted["step"] < MAX_STEPS, preempted
     assert is_complete(run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
-    assert sorted(losses(run_dir)) == list(range(1, preempted["step"] + 1))
+    assert sorted(train_losses(run_dir)) == list(range(1, preempted["step"] + 1))
