@@ -307,6 +307,7 @@ def run_job_script(
     if restarts:
         env["SLURM_RESTART_COUNT"] = restarts
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          preexec_fn=default_signals,
                           timeout=60)
 
 
@@ -371,6 +372,16 @@ while not os.path.exists(os.path.join(run_dir, "preempt.requested")):
 """
 
 
+def default_signals() -> None:
+    """As slurmstepd starts a task: bash cannot trap a signal ignored when it starts, and a
+    job started in the background of a non-interactive shell (`cmd &`) ignores SIGINT and
+    SIGQUIT, which every child would inherit."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_a_step_signal_becomes_a_stop_request_and_spares_the_launcher(
@@ -393,6 +404,7 @@ def test_a_step_signal_becomes_a_stop_request_and_spares_the_launcher(
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FTL_RUN_DIR": str(run_dir),
            "SLURM_NODEID": "0", "FTL_HEAD_NODE": "localhost"}
     task = subprocess.Popen(["bash", "-c", per_node], env=env, start_new_session=True,
+                            preexec_fn=default_signals,
                             stdout=subprocess.PIPE, text=True)
     record_file = run_dir / "launcher.json"
     deadline = time.monotonic() + 30
