@@ -211,9 +211,7 @@ def merge_lora_state_dict(
             for key, value in state_dict.items()
             if ".lora_" not in key
         }
-    merged = {name: value.detach().cpu().contiguous() for name, value in base.items()}
-    if copy:
-        merged = {name: value.clone() for name, value in merged.items()}
+    merged = {name: _on_host(value, copy) for name, value in base.items()}
     for key, a in state_dict.items():
         if not key.endswith(LORA_A):
             continue
@@ -224,6 +222,12 @@ def merge_lora_state_dict(
         delta = scaling * (b.detach().cpu().float() @ a.detach().cpu().float())
         weight.copy_((weight.float() + delta).to(weight.dtype))  # in place: no second base
     return merged
+
+
+def _on_host(tensor: Any, copy: bool) -> Any:
+    """One tensor at a time, so a copied base is never held twice (GPU: .cpu() then clone)."""
+    host = tensor.detach().cpu().contiguous()
+    return host.clone() if copy else host
 
 
 def _has_weights(model_dir: Path) -> bool:
