@@ -4,6 +4,15 @@ Each job trains the tiny Llama for a few steps through the real path: `ftl submi
 writes the run dir and job.sbatch, `sbatch --parsable` submits it, srun starts torchrun or
 deepspeed on each node, the ranks run launcher.worker. Nothing is mocked.
 
+The jobs run at the same time: `submit_early` submits every job the selected tests use
+when the module starts (the one that waits for Slurm's own timer first), and each test
+waits for its own. Each node advertises 2 CPUs and a job takes one per node, so four
+single-node jobs (or two two-node jobs) run at once; Slurm starts the rest as those end.
+A job that must be stopped mid-run does not rely on slow steps and a well-timed signal:
+its ranks wait at their first step end until the stop request exists (`WaitForStop`), so
+the stop lands at the same step however loaded the machine is. The tests that send those
+stops come first in this file, since their jobs hold a node slot until then.
+
 Skipped only when this machine has no Slurm client (`sinfo`), and under CI a skip fails
 the run (tests/conftest.py); CI brings the cluster up
 with `scripts/slurm-local.sh up` first (and this module does too, as root, if it is down).
@@ -14,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from io import StringIO
@@ -26,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from launcher.rundir import of_checkpoints_dir
 from launcher.slurm import scancel, show_job
 from launcher.submit import cancel, status, submit_one, with_slurm_default
 
@@ -54,6 +67,43 @@ TINY = [
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE"}
 JOB_TIMEOUT_S = 900
+GATE_TIMEOUT_S = 600.0
+
+
+class WaitForStop(TrainerCallback):
+    """At its launch's first step end, every rank waits until RUN_DIR/preempt.requested
+    exists (at most timeout_s), after writing RUN_DIR/probes/waiting-rank<R> for the test.
+
+    Only in the Slurm launch whose SLURM_RESTART_COUNT (0 when unset) is `restart`. The
+    ranks vote on a stop at the first step end of a launch (before this callback: the
+    worker's own callbacks come first) and again at the next step (launcher/preempt.py), so
+    a request made while they wait stops the run at exactly the step after the first one.
+    Nothing here touches the data or the losses.
+    """
+
+    def __init__(self, restart: int = 0, timeout_s: float = GATE_TIMEOUT_S) -> None:
+        self.restart = restart
+        self.timeout_s = timeout_s
+        self.done = False
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self.done or int(os.environ.get("SLURM_RESTART_COUNT", 0)) != self.restart:
+            return
+        self.done = True
+        run_dir = of_checkpoints_dir(args.output_dir)
+        probes = run_dir.path / "probes"
+        probes.mkdir(parents=True, exist_ok=True)
+        (probes / f"waiting-rank{args.process_index}").write_text(f"{state.global_step}\n")
+        deadline = time.monotonic() + self.timeout_s
+        while not run_dir.preempt_requested.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def wait_for_stop(restart: int = 0) -> str:
+    return ("train.callbacks=[{_target_:tests.integration.test_slurm.WaitForStop,"
+            f"restart:{restart}}}]")
 
 
 def free_port() -> int:
@@ -67,6 +117,8 @@ class Job:
     job_id: str
     run_dir: Path
     info: dict[str, str] = field(default_factory=dict)
+    driver: threading.Thread | None = None
+    driver_errors: list[BaseException] = field(default_factory=list)
 
     @property
     def out(self) -> Path:
@@ -90,6 +142,29 @@ class Job:
                                    or path.name.endswith(".log")):
                 parts.append(f"--- {path}\n{path.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
+
+    def ended(self) -> dict[str, str]:
+        """Wait for the job's end (once), then for its driver thread, if any."""
+        if not self.info:
+            self.info = wait_for(self)
+        if self.driver is not None:
+            self.driver.join(timeout=60)
+            assert not self.driver.is_alive(), f"job {self.job_id}: its driver still runs"
+            assert not self.driver_errors, (self.driver_errors, self.logs())
+        return self.info
+
+    def drive(self, steps: Callable[[Job], None]) -> None:
+        """Run `steps(self)` in a thread while the job runs (actions due at a moment of the
+        job, whichever test pytest is running then); its errors fail `ended()`."""
+        def target() -> None:
+            try:
+                steps(self)
+            except BaseException as error:  # noqa: BLE001 - reported by ended()
+                self.driver_errors.append(error)
+
+        self.driver = threading.Thread(target=target, name=f"drive-{self.job_id}",
+                                       daemon=True)
+        self.driver.start()
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +194,7 @@ def wait_for(job: Job, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, str]:
         assert info is not None, f"Slurm forgot job {job.job_id}"
         if info["JobState"] in TERMINAL:
             return info
-        time.sleep(1)
+        time.sleep(0.5)
     scancel(job.job_id)
     raise AssertionError(f"job {job.job_id} still running after {timeout_s} s\n{job.logs()}")
 
@@ -133,10 +208,97 @@ def wait_for_text(path: Path, text: str, timeout_s: float = 300) -> None:
     raise AssertionError(f"{text!r} never appeared in {path}")
 
 
+def wait_for_file(path: Path, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.2)
+
+
+def wait_until_waiting(job: Job) -> None:
+    """Until rank 0 waits in WaitForStop at its first step end (the step's task and its
+    trap are up; a stop request now stops the run at step 2)."""
+    wait_for_file(job.run_dir / "probes" / "waiting-rank0")
+
+
 def assert_completed(job: Job, info: dict[str, str]) -> None:
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
         f"job {job.job_id}: {info['JobState']} {info['ExitCode']}\n{job.logs()}"
     )
+
+
+def launch_logs(job: Job) -> list[str]:
+    """The batch output split at each start's `ftl: job ID (restart N)` line: [N] is the
+    Nth start's output (a requeued job appends)."""
+    text = job.out.read_text(errors="replace")
+    return re.split(rf"(?=ftl: job {job.job_id} \(restart \d+\))", text)[1:]
+
+
+def stop_steps(log: str) -> list[int]:
+    """The steps rank 0 said it saved for a stop, in order."""
+    return [int(s) for s in re.findall(r"saving checkpoint-(\d+) and stopping", log)]
+
+
+def cancel_unfinished(job: Job) -> None:
+    info = show_job(job.job_id)
+    if info is not None and info["JobState"] not in TERMINAL:
+        scancel(job.job_id)
+
+
+# --- the jobs: each submitted once per module, early (submit_early), waited for by tests ---
+
+
+@pytest.fixture(scope="module")
+def time_limit_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """Three starts of one job (test_usr1_...): Slurm's own time-limit warning stops the
+    first, a hand-sent USR1 the second, the third finishes.
+
+    Start 0: --time=5 with the USR1 warning 255 s before the limit. slurmctld checks time
+    limits every 30 s and sends the warning once `now + 30 s >= end - 255 s`: 15-45 s after
+    the start. The ranks wait for it at their first step end (WaitForStop). Once the
+    warning has come, the driver gives the job a 30-minute limit, so the later starts
+    (each with a fresh limit) never see a warning of their own.
+    Start 1: `scancel --batch --signal=USR1` as soon as the job script says it started
+    (the ranks are not up yet: the request is there before they start). WaitForStop for
+    this start too, in case the signal is late.
+    """
+    job = submit_job([*TINY, "cluster.gpus_per_node=2",
+                      f"run.output_dir={tmp_path_factory.mktemp('slurm-time-limit')}",
+                      "run.name=time-limit", "cluster.slurm.time=5",
+                      "cluster.slurm.signal_grace_s=255",
+                      "train.callbacks=[{_target_:tests.integration.test_slurm.WaitForStop,"
+                      "restart:0},{_target_:tests.integration.test_slurm.WaitForStop,"
+                      "restart:1}]"])
+
+    def steps(job: Job) -> None:
+        wait_for_text(job.out, "ftl: USR1 at ", timeout_s=600)
+        subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "TimeLimit=30"],
+                       check=True, capture_output=True, timeout=60)
+        wait_for_text(job.out, f"ftl: job {job.job_id} (restart 1)", timeout_s=600)
+        scancel(job.job_id, signal="USR1", batch_only=True)
+
+    job.drive(steps)
+    yield job
+    cancel_unfinished(job)
+
+
+@pytest.fixture(scope="module")
+def cancel_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    job = submit_job([*TINY, "cluster.gpus_per_node=2",
+                      f"run.output_dir={tmp_path_factory.mktemp('slurm-cancel')}",
+                      "run.name=cancelled", wait_for_stop()])
+    yield job
+    cancel_unfinished(job)
+
+
+@pytest.fixture(scope="module")
+def sigterm_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    job = submit_job([*TINY, "cluster.gpus_per_node=2",
+                      f"run.output_dir={tmp_path_factory.mktemp('slurm-sigterm')}",
+                      "run.name=sigterm", wait_for_stop()])
+    yield job
+    cancel_unfinished(job)
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +308,119 @@ def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     out = tmp_path_factory.mktemp("slurm-reference")
     job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={out}",
                       f'run.name="{HOSTILE}"'])
-    job.info = wait_for(job)
     yield job
+    cancel_unfinished(job)
+
+
+def two_node_job(launcher: str, out: Path) -> Job:
+    strategy = "zero2" if launcher == "deepspeed" else "ddp"
+    return submit_job([*TINY, "train.max_steps=4", "cluster.nodes=2", "cluster.gpus_per_node=1",
+                       f"cluster.launcher={launcher}", f"strategy={strategy}",
+                       "train.callbacks=[{_target_:tests.integration.probes.WrapperProbe}]",
+                       f"run.output_dir={out}"])
+
+
+@pytest.fixture(scope="module")
+def two_node_torchrun(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    job = two_node_job("torchrun", tmp_path_factory.mktemp("slurm-2n-torchrun"))
+    yield job
+    cancel_unfinished(job)
+
+
+@pytest.fixture(scope="module")
+def two_node_deepspeed(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    job = two_node_job("deepspeed", tmp_path_factory.mktemp("slurm-2n-deepspeed"))
+    yield job
+    cancel_unfinished(job)
+
+
+EARLY_JOBS = ("time_limit_job", "cancel_job", "sigterm_job", "reference",
+              "two_node_torchrun", "two_node_deepspeed")
+"""Submission order: the longest wait (Slurm's timer) first, then the jobs whose tests come
+first, so that they hold their node slots as briefly as possible."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def submit_early(request: pytest.FixtureRequest) -> None:
+    """Submit, at the module's start, every job that a selected test of this module uses."""
+    used = {name for item in request.session.items
+            if getattr(item, "module", None) is request.module
+            for name in getattr(item, "fixturenames", ())}
+    for name in EARLY_JOBS:
+        if name in used:
+            request.getfixturevalue(name)
+
+
+# --- stops a test sends (their jobs wait in WaitForStop until then) ------------------------
+
+
+def test_ftl_cancel_saves_and_stops_for_good(cancel_job: Job) -> None:
+    job = cancel_job
+    wait_until_waiting(job)
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert cancel(job.job_id) == 0
+    assert f"job {job.job_id} is running" in printed.getvalue()
+    assert f"scancel {job.job_id}" in printed.getvalue()
+    info = job.ended()
+    log = job.out.read_text()
+    assert info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, job.logs())
+    stopped = json.loads((job.run_dir / "preempted").read_text())
+    step = stopped["step"]
+    assert step == 2, stopped  # requested during step 1's wait: saved at step 2
+    checkpoint = job.run_dir / "checkpoints" / f"checkpoint-{step}"
+    assert (checkpoint / "COMPLETE").is_file()
+    assert not (job.run_dir / "result.json").exists()
+    assert f"cancelled by `ftl cancel` after a complete checkpoint (step {step})" in log
+    assert "ftl: requeueing" not in log and "(restart 1)" not in log
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(str(job.run_dir)) == 0
+    assert f"run: stopped by `ftl cancel` at step {step}, not requeued" in printed.getvalue()
+
+
+def assert_resumed_like_the_reference(job: Job, reference: Job) -> int:
+    """The requeued run finished, resumed from a complete checkpoint of the stop, and every
+    step's loss (exactly one per step) equals the uninterrupted run's. -> the stop step."""
+    result = job.result
+    assert result["global_step"] == STEPS
+    resumed = Path(result["resumed_from"])
+    step = int(resumed.name.removeprefix("checkpoint-"))
+    assert 1 <= step < STEPS and (resumed / "COMPLETE").is_file()
+    assert not (job.run_dir / "preempted").exists()  # the rerun's start cleared it
+    lines = (job.run_dir / "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line)["step"] for line in lines if '"loss"' in line]
+    assert sorted(logged) == list(range(1, STEPS + 1)), logged  # one loss per step
+    reference.ended()
+    expected = reference.losses()
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    assert job.losses() == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    return step
+
+
+def test_step_sigterm_checkpoints_requeues_and_resumes(sigterm_job: Job, reference: Job) -> None:
+    """`scancel --signal=TERM` reaches the job step only (not the batch shell): the per-node
+    task turns it into a stop request, its launcher is spared, the job requeues itself."""
+    job = sigterm_job
+    wait_until_waiting(job)
+    scancel(job.job_id, signal="TERM")
+    info = job.ended()
+    assert_completed(job, info)
+    log = job.out.read_text()
+    assert info["Restarts"] == "1", log
+    assert "ftl: node 0: TERM: checkpointing at the next step" in log
+    # torchrun was not signalled: it and its ranks exited 0 after the checkpoint
+    assert "ftl: requeueing (restart 1 of 3)" in log and "(step exit code 0)" in log, log
+    assert f"ftl: job {job.job_id} (restart 1)" in log
+    assert assert_resumed_like_the_reference(job, reference) == 2
+
+
+# --- jobs that run on their own ------------------------------------------------------------
 
 
 def test_single_node_job_trains_and_completes(reference: Job) -> None:
-    assert_completed(reference, reference.info)
+    info = reference.ended()
+    assert_completed(reference, info)
     result = reference.result
     assert result["world_size"] == 2 and result["global_step"] == STEPS
     assert result["final_train_loss"] < result["first_train_loss"]
@@ -169,20 +438,12 @@ def test_single_node_job_trains_and_completes(reference: Job) -> None:
 
 def test_hostile_run_name_never_executes(reference: Job) -> None:
     assert HOSTILE in str(reference.run_dir)  # the name really went through sbatch and bash
-    assert_completed(reference, reference.info)
+    assert_completed(reference, reference.ended())
     assert not OWNED.exists(), "a quoted run name was executed by the job script"
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
-def test_two_node_job_trains_with_world_size_two(
-    slurm: None, tmp_path: Path, launcher: str
-) -> None:
-    strategy = "zero2" if launcher == "deepspeed" else "ddp"
-    job = submit_job([*TINY, "train.max_steps=4", "cluster.nodes=2", "cluster.gpus_per_node=1",
-                      f"cluster.launcher={launcher}", f"strategy={strategy}",
-                      "train.callbacks=[{_target_:tests.integration.probes.WrapperProbe}]",
-                      f"run.output_dir={tmp_path}"])
-    info = wait_for(job)
+def assert_two_node_job_trained(job: Job, launcher: str) -> None:
+    info = job.ended()
     assert_completed(job, info)
     assert info["NodeList"] == "node[1-2]" and info["NumNodes"] == "2"
     result = job.result
@@ -199,113 +460,36 @@ def test_two_node_job_trains_with_world_size_two(
         assert (job.run_dir / "logs" / "node-1").is_dir()
 
 
-def test_preemption_checkpoints_requeues_and_resumes(reference: Job, tmp_path: Path) -> None:
-    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
-                      "run.name=preempted"])
-    # The trap is installed before this line is printed; the ranks start after it.
-    wait_for_text(job.out, f"ftl: job {job.job_id} (restart 0)")
-    scancel(job.job_id, signal="USR1", batch_only=True)
-    info = wait_for(job)
+def test_two_node_torchrun_job_trains_with_world_size_two(two_node_torchrun: Job) -> None:
+    assert_two_node_job_trained(two_node_torchrun, "torchrun")
+
+
+def test_two_node_deepspeed_job_trains_with_world_size_two(two_node_deepspeed: Job) -> None:
+    assert_two_node_job_trained(two_node_deepspeed, "deepspeed")
+
+
+def test_usr1_from_the_time_limit_and_by_hand_checkpoints_requeues_and_resumes(
+        time_limit_job: Job, reference: Job) -> None:
+    """The batch shell's USR1 trap, twice in one job (time_limit_job): Slurm's own
+    time-limit warning mid-run, then `scancel -b -s USR1` before the ranks start; each start
+    saves, stops and requeues, the third finishes with every loss of the uninterrupted run."""
+    job = time_limit_job
+    info = job.ended()
     assert_completed(job, info)
     log = job.out.read_text()
-    assert info["Restarts"] == "1", log
-    assert "ftl: requeueing (restart 1 of 3)" in log
-    assert f"ftl: job {job.job_id} (restart 1)" in log
-    result = job.result
-    assert result["global_step"] == STEPS
-    resumed = Path(result["resumed_from"])
-    step = int(resumed.name.removeprefix("checkpoint-"))
-    assert 1 <= step < STEPS and (resumed / "COMPLETE").is_file()
-    # Every step's loss, before and after the resume, equals the uninterrupted run's.
-    expected = reference.losses()
-    assert sorted(expected) == list(range(1, STEPS + 1))
-    assert job.losses() == pytest.approx(expected, rel=1e-6, abs=1e-9)
-
-
-SLOW_STEPS = "train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5}]"
-
-
-def wait_for_step(job: Job, step: int, timeout_s: float = 300) -> None:
-    """Until the job's rank 0 has logged `step` (half-second steps: SlowSteps)."""
-    wait_for_text(job.out, f"[ftl] step {step}/{STEPS}", timeout_s)
-
-
-def assert_resumed_like_the_reference(job: Job, reference: Job) -> int:
-    """The requeued run finished, resumed from a complete checkpoint of the stop, and every
-    step's loss (exactly one per step) equals the uninterrupted run's. -> the stop step."""
-    result = job.result
-    assert result["global_step"] == STEPS
-    resumed = Path(result["resumed_from"])
-    step = int(resumed.name.removeprefix("checkpoint-"))
-    assert 1 <= step < STEPS and (resumed / "COMPLETE").is_file()
-    assert not (job.run_dir / "preempted").exists()  # the rerun's start cleared it
-    lines = (job.run_dir / "metrics.jsonl").read_text().splitlines()
-    logged = [json.loads(line)["step"] for line in lines if '"loss"' in line]
-    assert sorted(logged) == list(range(1, STEPS + 1)), logged  # one loss per step
-    assert job.losses() == pytest.approx(reference.losses(), rel=1e-6, abs=1e-9)
-    return step
-
-
-def test_step_sigterm_checkpoints_requeues_and_resumes(reference: Job, tmp_path: Path) -> None:
-    """`scancel --signal=TERM` reaches the job step only (not the batch shell): the per-node
-    task turns it into a stop request, its launcher is spared, the job requeues itself."""
-    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
-                      "run.name=sigterm", SLOW_STEPS])
-    wait_for_step(job, 2)
-    scancel(job.job_id, signal="TERM")
-    info = wait_for(job)
-    assert_completed(job, info)
-    log = job.out.read_text()
-    assert info["Restarts"] == "1", log
-    assert "ftl: node 0: TERM: checkpointing at the next step" in log
-    # torchrun was not signalled: it and its ranks exited 0 after the checkpoint
-    assert "ftl: requeueing (restart 1 of 3)" in log and "(step exit code 0)" in log, log
-    assert_resumed_like_the_reference(job, reference)
-
-
-def test_time_limit_warning_checkpoints_requeues_and_resumes(
-        reference: Job, tmp_path: Path) -> None:
-    """Slurm's own timer, nothing sent by hand: --time=5 with the USR1 warning 240 s before
-    the limit, due 60 s after the start (slurmctld sends it up to a minute late). The first
-    launch's steps take 25 s, so the warning lands mid-run; the requeued launch (a fresh
-    limit) runs at full speed and ends before its own warning."""
-    slow_first_launch = ("train.callbacks=[{_target_:tests.integration.probes.SlowSteps,"
-                         "seconds:25,restart:0}]")
-    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
-                      "run.name=time-limit", "cluster.slurm.time=5",
-                      "cluster.slurm.signal_grace_s=240", slow_first_launch])
-    info = wait_for(job)
-    assert_completed(job, info)
-    log = job.out.read_text()
-    assert info["Restarts"] == "1", log
-    assert "ftl: USR1 at " in log and "ftl: requeueing (restart 1 of 3)" in log, log
-    assert_resumed_like_the_reference(job, reference)
-
-
-def test_ftl_cancel_saves_and_stops_for_good(slurm: None, tmp_path: Path) -> None:
-    job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={tmp_path}",
-                      "run.name=cancelled", SLOW_STEPS])
-    wait_for_step(job, 2)
-    printed = StringIO()
-    with redirect_stdout(printed):
-        assert cancel(job.job_id) == 0
-    assert f"job {job.job_id} is running" in printed.getvalue()
-    assert f"scancel {job.job_id}" in printed.getvalue()
-    info = wait_for(job)
-    log = job.out.read_text()
-    assert info["ExitCode"] == "75:0" and info["Restarts"] == "0", (info, job.logs())
-    stopped = json.loads((job.run_dir / "preempted").read_text())
-    step = stopped["step"]
-    assert 2 <= step < STEPS, stopped
-    checkpoint = job.run_dir / "checkpoints" / f"checkpoint-{step}"
-    assert (checkpoint / "COMPLETE").is_file()
-    assert not (job.run_dir / "result.json").exists()
-    assert f"cancelled by `ftl cancel` after a complete checkpoint (step {step})" in log
-    assert "ftl: requeueing" not in log and "(restart 1)" not in log
-    printed = StringIO()
-    with redirect_stdout(printed):
-        assert status(str(job.run_dir)) == 0
-    assert f"run: stopped by `ftl cancel` at step {step}, not requeued" in printed.getvalue()
+    assert info["Restarts"] == "2", log
+    assert "ftl: requeueing (restart 1 of 3)" in log, log
+    assert "ftl: requeueing (restart 2 of 3)" in log, log
+    starts = launch_logs(job)
+    assert len(starts) == 3, log
+    # Start 0: nobody sent USR1 by hand (the driver sends it only once start 1 has begun).
+    assert "ftl: USR1 at " in starts[0] and "ftl: USR1 at " in starts[1], log
+    assert "ftl: USR1 at " not in starts[2] and "ftl: run finished" in starts[2], log
+    (first,), (second,) = stop_steps(starts[0]), stop_steps(starts[1])
+    # The hand-sent request was there at start 1's first vote, i.e. at its first step.
+    assert 1 <= first < second == first + 1 < STEPS, log
+    assert (job.run_dir / "checkpoints" / f"checkpoint-{first}" / "COMPLETE").is_file()
+    assert assert_resumed_like_the_reference(job, reference) == second
 
 
 def test_status_and_cancel_of_a_pending_job(slurm: None, tmp_path: Path) -> None:
