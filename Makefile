@@ -10,7 +10,7 @@ OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
 	$(if $(CLUSTER),cluster=$(CLUSTER)) $(if $(NODES),cluster.nodes=$(NODES)) \
 	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) $(ARGS)
 
-.PHONY: venv train submit plan estimate ds-configs data test test-fast lint bench clean
+.PHONY: venv train submit plan estimate ds-configs data test test-full test-fast lint bench clean
 
 venv: $(STAMP)
 
@@ -40,12 +40,20 @@ ds-configs: venv
 data: venv
 	$(BIN)/python scripts/make_data.py
 
+# What CI runs (.ci/run): every behaviour once, in about 20 minutes on 2 cores; the 30
+# slowest tests and every training run's wall time are printed at the end.
 test: venv
 	$(BIN)/ruff check launcher tests scripts bench
-	$(BIN)/python -m pytest -q --timeout=1800
+	$(BIN)/python -m pytest -q --timeout=1800 --durations=30
+
+# Everything `make test` runs plus the long versions (tests marked `full`): chaos x20, the
+# whole memory and world-size matrices, every launcher x strategy pair. Not in CI.
+test-full: venv
+	$(BIN)/ruff check launcher tests scripts bench
+	$(BIN)/python -m pytest -q --timeout=3600 --durations=30 -m 'full or not full'
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m 'not slow'
+	$(BIN)/python -m pytest -q -m 'not slow and not full'
 
 # Benchmarks print a table and write bench/results/<name>.json (ratios measured side by side).
 # About 30 minutes on 2 cores; the GPU one is separate: `bash bench/gpu.sh` on a GPU machine.

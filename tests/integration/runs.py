@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,9 @@ class Run:
     returncode: int
     seconds: float
     output: str
+    shm_left: set[Path] = field(default_factory=set)
+    """DeepSpeed all-reduce segments in /dev/shm that appeared during the launch and are
+    still there after it (launcher/worker.release_deepspeed_shm removes them)."""
 
     @property
     def result(self) -> dict[str, Any]:
@@ -119,10 +122,15 @@ def project_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+SHM = Path("/dev/shm")
+SHM_PATTERN = f"deepspeed_allreduce_buffer_{os.getuid()}_*"
+
+
 def launch(prepared: Prepared) -> Run:
     """Start the ranks with the run dir's own argv and wait; output captured. The ranks
     start in the project root, so the injected probes import as tests.integration.probes."""
     env = project_env(prepared.launch.env)
+    shm_before = set(SHM.glob(SHM_PATTERN))
     start = time.monotonic()
     proc = subprocess.run(
         resolve_tool(prepared.launch.argv), cwd=PROJECT_ROOT, env=env, capture_output=True,
@@ -131,7 +139,8 @@ def launch(prepared: Prepared) -> Run:
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
     (prepared.run_dir / "launcher-output.txt").write_text(output)
-    return Run(prepared.run_dir, proc.returncode, seconds, output)
+    shm_left = set(SHM.glob(SHM_PATTERN)) - shm_before
+    return Run(prepared.run_dir, proc.returncode, seconds, output, shm_left)
 
 
 def train(root: Path, name: str, overrides: list[str]) -> Run:

@@ -1,6 +1,7 @@
 """A disk that fills up during a checkpoint save: `ftl train` fails with a clear error
 that names the full filesystem and the complete checkpoint it keeps; once space is freed,
-the same command resumes from that checkpoint and finishes. On a real small filesystem
+the same command resumes from that checkpoint and finishes. The run has no eval set at all
+(no eval_path, eval_fraction 0), which must train and finish too. On a real small filesystem
 (a tmpfs, mounted as root: CI runs as root and fails on a skip)."""
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_says_so(
     small_disk: Path, tmp_path: Path,
 ) -> None:
     output, filler = small_disk / "runs", small_disk / "filler"
-    overrides = [*FAST_TRAIN, "strategy=ddp", f"run.output_dir={output}", "run.name=full",
+    no_eval = ["train.eval_on_start=false", "dataset.eval_path=", "dataset.eval_fraction=0"]
+    overrides = [*FAST_TRAIN, *no_eval, "strategy=ddp", f"run.output_dir={output}",
+                 "run.name=full",
                  f"dataset.cache_dir={tmp_path / 'cache'}", f"cluster.master_port={free_port()}"]
     fill = (f"train.callbacks=[{{_target_:tests.integration.probes.FillDisk,step:8,"
             f"path:'{filler}'}}]")
@@ -58,4 +61,5 @@ def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_says_so(
     second = max(p for p in (output / "full").iterdir() if p != first)
     (launch,) = [json.loads(line) for line in (second / "launches.jsonl").read_text().splitlines()]
     assert launch["resumed_from"] == str(kept) and launch["start_step"] == 4
-    assert json.loads((second / "result.json").read_text())["global_step"] == 8
+    result = json.loads((second / "result.json").read_text())
+    assert result["global_step"] == 8 and result["final_eval_loss"] is None

@@ -14,8 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from launcher.compose import PROJECT_ROOT
-from launcher.supervise import STOPPED_EXIT
-from tests.integration.runs import FAST_TRAIN, callbacks
+from tests.integration.runs import FAST_TRAIN
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +52,11 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     assert len(memory["measured_peak_bytes"]) == len(memory["measured_rss_bytes"]) == 2
     assert all(0 < live < rss for live, rss in zip(memory["measured_peak_bytes"],
                                                     memory["measured_rss_bytes"], strict=True))
-    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
-    assert isinstance(model, torch.nn.Module)
+    # model/ holds the weights of the last step: those of its checkpoint, not a fresh init.
+    saved = AutoModelForCausalLM.from_pretrained(run_dir / "model").state_dict()
+    last = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "checkpoint-8")
+    assert saved.keys() == last.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in last.state_dict().items())
 
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     speeds = [row for row in history if "tokens_per_s" in row]
@@ -90,36 +92,10 @@ def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:
     assert "rank 0: " in done.stderr and "rank 1: " in done.stderr
     assert str(run_dir / "logs" / "rank0.error") in done.stderr
     assert "injected failure at step 2" in (run_dir / "logs" / "rank0.error").read_text()
-
-
-def test_ftl_train_again_resumes_an_interrupted_run(tmp_path: Path) -> None:
-    overrides = ["strategy=ddp", *FAST_TRAIN, f"run.output_dir={tmp_path}"]
-    first = ftl("train", *overrides, callbacks(stop=4))
-    assert first.returncode == STOPPED_EXIT, first.stderr[-3000:]  # stopped, resumable
-    assert "stopped before the last step" in first.stdout
-    first_dir = only_run_dir(tmp_path)
-    assert not (first_dir / "result.json").exists()
-
-    second = ftl("train", *overrides)
-    assert second.returncode == 0, second.stderr[-3000:]
-    second_dir = next(p for p in run_dirs(tmp_path) if p != first_dir)
-    checkpoint = first_dir / "checkpoints" / "checkpoint-4"
-    assert (second_dir / "resume_from").read_text().strip() == str(checkpoint)
-    result = json.loads((second_dir / "result.json").read_text())
-    assert result["resumed_from"] == str(checkpoint) and result["global_step"] == 8
-    assert result["start_step"] == 4
-
-    third = ftl("train", *overrides)  # the run finished: the same command trains anew
-    assert third.returncode == 0, third.stderr[-3000:]
-    third_dir = max(run_dirs(tmp_path))
-    assert not (third_dir / "resume_from").exists()
-    assert json.loads((third_dir / "result.json").read_text())["resumed_from"] is None
-
-
-def test_a_run_without_an_eval_set_trains_and_finishes(tmp_path: Path) -> None:
-    done = ftl("train", *FAST_TRAIN, "train.max_steps=2", "train.save_steps=2",
-               "train.eval_on_start=false", "dataset.eval_path=", "dataset.eval_fraction=0",
-               f"run.output_dir={tmp_path}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((only_run_dir(tmp_path) / "result.json").read_text())
-    assert result["global_step"] == 2 and result["final_eval_loss"] is None
+    # Both ranks fail; the launcher may kill the slower one before it writes its file.
+    errors = sorted((run_dir / "logs").glob("rank*.error"))
+    assert {e.name for e in errors} <= {"rank0.error", "rank1.error"}
+    for error in errors:
+        text = error.read_text()
+        assert "Traceback" in text and "injected failure at step 2" in text
+    assert not (run_dir / "result.json").exists()

@@ -1,11 +1,17 @@
-"""SIGTERM and Ctrl-C lose nothing: `ftl train` signalled at a random step saves one
-complete checkpoint at an agreed step boundary and exits 75 (stopped, resumable); the same
-command again resumes at the next step, and the two launches' losses joined equal the
-uninterrupted run's, one loss per step. A second Ctrl-C aborts at once. A SIGTERM that
-reaches the ranks through torchrun (not through `ftl train`) stops them the same way.
+"""SIGTERM and Ctrl-C lose nothing, and resume is told apart from a restart: `ftl train`
+signalled at a random step saves one complete checkpoint at an agreed step boundary and
+exits 75 (stopped, resumable, no final model or result); a half-written checkpoint that
+looks newer is planted; the same command again skips it, resumes at the next step without
+evaluating "at the start" again, and the two launches' losses joined equal the
+uninterrupted run's, one loss per step. Under each backend family: ddp, ZeRO-2 (deepspeed
+launcher), ZeRO-3, FSDP2 with sharded checkpoints (torch.distributed.checkpoint), and
+Ctrl-C under ddp with activation checkpointing (which must change no number).
+A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
+checkpoint, through the launcher's parent-death SIGTERM that torchrun forwards.
 
 The steps are slowed by an injected probe (SlowSteps) so that a signal can land at a chosen
-step; the references are the uninterrupted runs test_train_strategies.py already trains.
+step; the references are the uninterrupted runs test_train_strategies.py already trains
+(FSDP's sharded and gathered saves train alike, so one reference serves both).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,18 +40,19 @@ from runs import (
     project_env,
     train_losses,
 )
-from test_train_resume import MAX_STEPS
-from test_train_strategies import run_name, strategy_overrides
+from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
 from launcher.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints
 from launcher.compose import PROJECT_ROOT
-from launcher.planner import resolve_tool
 from launcher.supervise import ABORTED_EXIT, STOPPED_EXIT
 
 pytestmark = pytest.mark.slow
 
 SLOW = "train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5}]"
+SLOW_WRAPPER = ("train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5},"
+                "{_target_:tests.integration.probes.WrapperProbe}]")
 WAIT_S = 300
+MAX_STEPS = 8
 
 
 def start_in_session(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -108,6 +116,7 @@ def check_stopped_at_a_boundary(run_dir: Path, returncode: int, at_step: int, lo
     """The stop's evidence: exit 75, RUN_DIR/preempted names a step after the signal, whose
     checkpoint is complete; that launch logged every step up to it once. Returns the step."""
     assert returncode == STOPPED_EXIT, f"rc={returncode}\n{log.read_text()[-4000:]}"
+    assert "stopped before the last step" in log.read_text()
     stop_step = json.loads((run_dir / "preempted").read_text())["step"]
     assert at_step <= stop_step < MAX_STEPS, (at_step, stop_step)
     checkpoint = run_dir / "checkpoints" / f"checkpoint-{stop_step}"
@@ -115,46 +124,73 @@ def check_stopped_at_a_boundary(run_dir: Path, returncode: int, at_step: int, lo
     # written once the checkpoint was complete, never before (a kill in the save)
     marker = checkpoint / COMPLETE_MARKER
     assert (run_dir / "preempted").stat().st_mtime >= marker.stat().st_mtime
-    assert not (run_dir / "result.json").exists()
+    assert not (run_dir / "result.json").exists() and not (run_dir / "model").exists()
     assert sorted(train_losses(run_dir)) == list(range(1, stop_step + 1))
     return stop_step
 
 
-CASES = [("ddp", "torchrun", signal.SIGTERM), ("zero2", "deepspeed", signal.SIGTERM),
-         ("zero3", "torchrun", signal.SIGTERM), ("fsdp", "torchrun", signal.SIGTERM),
-         ("ddp", "torchrun", signal.SIGINT)]
+def plant_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> Path:
+    """What a crash mid-save leaves: a newer checkpoint dir without the marker and with a
+    file missing. Loading it would break resume (no trainer state / weights)."""
+    half = checkpoints / name
+    shutil.copytree(checkpoints / source, half)
+    (half / COMPLETE_MARKER).unlink()
+    (half / "trainer_state.json").unlink()
+    return half
 
 
-@pytest.mark.parametrize(("strategy", "launcher", "signum"), CASES,
-                         ids=[f"{s}-{la}-{sig.name}" for s, la, sig in CASES])
+CHECKPOINTED = ("train.gradient_checkpointing=true",)
+CASES = [("ddp", "torchrun", signal.SIGTERM, ()), ("zero2", "deepspeed", signal.SIGTERM, ()),
+         ("zero3", "torchrun", signal.SIGTERM, ()),
+         ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER),
+         ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)]
+
+
+@pytest.mark.parametrize(("strategy", "launcher", "signum", "extra"), CASES,
+                         ids=[run_name(s, la, sig.name, e) for s, la, sig, e in CASES])
 def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str,
-    signum: signal.Signals,
+    signum: signal.Signals, extra: tuple[str, ...],
 ) -> None:
-    overrides = strategy_overrides(strategy, launcher, "fp32")
-    reference = trained(run_name(strategy, launcher, "fp32"), overrides)
+    reference = trained(run_name(strategy, launcher, "fp32"),
+                        strategy_overrides(strategy, launcher, "fp32"))
     assert reference.returncode == 0, describe_failure(reference)
 
-    root, name = runs_root / "signals", f"{signum.name.lower()}-{strategy}"
-    mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32", SLOW]
+    root, name = runs_root / "signals", run_name(strategy, launcher, signum.name, extra)
+    mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
+            SLOW_WRAPPER if extra == CHECKPOINTED else SLOW, *extra]
     at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
     started = time.monotonic()
     first_dir, returncode = stop_with_signal(root, name, mine, signum, at_step)
     stop_step = check_stopped_at_a_boundary(first_dir, returncode, at_step,
                                             root / f"{name}-1.log")
+    half = plant_half_written_checkpoint(first_dir / "checkpoints", f"checkpoint-{stop_step}",
+                                         f"checkpoint-{stop_step + 1}")
 
     again = subprocess.run(ftl_train_argv(root, name, mine), cwd=PROJECT_ROOT,
                            env=project_env(), capture_output=True, text=True, timeout=WAIT_S)
     RUN_TIMES[f"{name} (signal+resume)"] = time.monotonic() - started
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     second_dir = run_dirs(root, name)[-1]
-    assert second_dir != first_dir
+    assert second_dir != first_dir and not is_complete(half)
     checkpoint = first_dir / "checkpoints" / f"checkpoint-{stop_step}"
     (launch_record,) = [json.loads(line) for line in
                         (second_dir / "launches.jsonl").read_text().splitlines()]
     assert launch_record["resumed_from"] == str(checkpoint)
     assert launch_record["start_step"] == stop_step
+    result = json.loads((second_dir / "result.json").read_text())
+    assert result["resumed_from"] == str(checkpoint) and result["start_step"] == stop_step
+    assert result["global_step"] == MAX_STEPS
+    assert (second_dir / "resume_from").read_text().strip() == str(checkpoint)
+    # The run finished: the same command again trains anew (validation, no launch needed).
+    assert plan_run(root, name, mine).plan.resume_from is None
+    # A resumed launch does not evaluate "at the start" again.
+    second_metrics = [json.loads(line) for line in
+                      (second_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [m["step"] for m in second_metrics if "eval_loss" in m] == [MAX_STEPS]
 
+    # Exactly one loss per step across the launches: a restart from step 0 would log
+    # steps 1..8 again in the second launch.
     first, second = train_losses(first_dir), train_losses(second_dir)
     assert min(second) == stop_step + 1, (stop_step, sorted(second))
     joined = {**first, **second}
@@ -163,6 +199,12 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     expected = reference.train_losses()
     for step, loss in joined.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, joined, expected)
+    if extra == CHECKPOINTED:
+        # Recomputing activations in backward gives the same gradients, so the same losses
+        # as the reference, which ran without it (its probe says so).
+        probe = json.loads((first_dir / "probes" / "wrapper-rank0.json").read_text())
+        assert probe["activation_checkpointing"] is True
+        assert reference.probe("wrapper", 0)["activation_checkpointing"] is False
 
 
 def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
@@ -193,34 +235,14 @@ def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
     assert "aborting" in log.read_text()
 
 
-def test_sigterm_through_torchrun_reaches_the_ranks_and_they_save(runs_root: Path) -> None:
-    """No `ftl train` in between: torchrun forwards its SIGTERM to the ranks (30 s before
-    it kills them); the ranks' own handlers turn it into the same agreed stop."""
-    prepared = plan_run(runs_root / "signals", "torchrun-term", ["strategy=ddp", SLOW])
-    log = prepared.run_dir / "launcher-output.txt"
-    env = {**project_env(), **prepared.launch.env}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(resolve_tool(prepared.launch.argv), cwd=PROJECT_ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_step(lambda: prepared.run_dir / "metrics.jsonl", 2, proc)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=WAIT_S)  # torchrun itself exits non-zero after a signal
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    preempted = json.loads((prepared.run_dir / "preempted").read_text())
-    assert preempted["reason"] == "SIGTERM", preempted
-    assert is_complete(prepared.run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
-    # A batch script whose shell saw nothing still finds the request and requeues.
-    assert (prepared.run_dir / "preempt.requested").exists()
-    assert sorted(train_losses(prepared.run_dir)) == list(range(1, preempted["step"] + 1))
-
-
 def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: Path) -> None:
     """`ftl train` dies at once (SIGKILL: no handler runs): the kernel's parent-death signal
     (SIGTERM) reaches its launcher, which forwards it; the ranks save and every process of
-    the run exits. Without it the launcher, in a session of its own, trains on orphaned."""
+    the run exits. Without it the launcher, in a session of its own, trains on orphaned.
+    This is also the path of a SIGTERM that reaches the ranks through torchrun alone (no
+    `ftl train` in between): the ranks' own handlers turn it into the agreed stop, and they
+    leave RUN_DIR/preempt.requested, so a batch script whose shell saw nothing still
+    finds the request and requeues."""
     root, name = runs_root / "signals", "kill-9"
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"{name}.log"
@@ -246,4 +268,5 @@ def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: 
     assert preempted["reason"] == "SIGTERM", preempted
     assert 2 <= preempted["step"] < MAX_STEPS, preempted
     assert is_complete(run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
+    assert (run_dir / "preempt.requested").exists()
     assert sorted(train_losses(run_dir)) == list(range(1, preempted["step"] + 1))
