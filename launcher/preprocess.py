@@ -1,9 +1,13 @@
 """Tokenize once: rows -> encoded (and packed) datasets, cached on disk by content.
 
-The cache directory is `<dataset.cache_dir or <run.output_dir>/.data>/<name>-<key>`, where
-the key hashes the bytes of the data files, the tokenizer's files, every dataset setting
-that changes the result and this module's version (`data_key`; no `datasets` or
-`transformers` import, so validation computes it and the plan records the directory).
+The cache directory is `<dataset.cache_dir or $FTL_CACHE_DIR/data>/<name>-<key>` (FTL_CACHE_DIR
+defaults to ~/.cache/ftlaunch), where the key hashes the bytes of the data files, the
+tokenizer's files, every dataset setting that changes the result and this module's
+version (`data_key`; no `datasets` or `transformers` import, so validation computes it and
+the plan records the directory). The
+default root is per user, not per output dir: the same data and tokenizer are tokenized
+once however many output dirs train on them (a new one used to pay 3-4 s for the bundled
+data on every `ftl train`); being keyed by content, sharing it is sound.
 
 Who builds it: `ftl preprocess` (ahead of time, e.g. on a login node), `ftl train` before
 any rank starts, or, when neither did (a Slurm job), rank 0 while the other ranks poll for
@@ -28,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.compose import local_or_as_is
+from launcher.compose import cache_home, local_or_as_is
 from launcher.encode import BUILTIN_CHAT_TEMPLATE
 from launcher.errors import DataError
 
@@ -66,7 +70,7 @@ class Prepared:
 
 def data_dir(cfg: RunConfig) -> Path:
     """Where this config's tokenized data lives (whether built yet or not)."""
-    root = Path(cfg.dataset.cache_dir or Path(cfg.run.output_dir) / ".data")
+    root = Path(cfg.dataset.cache_dir) if cfg.dataset.cache_dir else cache_home() / "data"
     return root.resolve() / f"{cfg.dataset.name}-{data_key(cfg)[:16]}"
 
 
@@ -128,7 +132,9 @@ def ensure_prepared(
     found = read_prepared(directory)
     if found is not None:
         return found
-    if data_dir(cfg) != directory:
+    # The key, not the root: a rank may see the user's cache under another HOME than the
+    # `ftl` process that planned the directory; the plan's location is the one to build.
+    if data_dir(cfg).name != directory.name:
         raise DataError(
             f"the data files or the tokenizer changed since this run was planned (expected "
             f"tokenized data in {directory}); plan the run again (`ftl train`/`ftl submit`)"
