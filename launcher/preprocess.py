@@ -210,11 +210,9 @@ def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]
 
 def rank_datasets(
     cfg: RunConfig, directory: Path, tokenizer: Any, rank: int, rank0_error: Path
-) -> tuple[Dataset, Dataset | None]:
+) -> tuple[ArrowRows, ArrowRows | None]:
     """This rank's train and eval sets: rank 0 builds them when nobody has (before any
     process group exists), the others wait for rank 0's directory or its error file."""
-    from datasets import load_from_disk
-
     if rank == 0:
         prepared = ensure_prepared(cfg, directory, tokenizer, progress=False, builder="rank 0")
         done = "found" if prepared.cached else "tokenized"
@@ -223,8 +221,47 @@ def rank_datasets(
     else:
         prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
                             failed=lambda: _first_line(rank0_error))
-    train = load_from_disk(prepared.train)
-    return train, load_from_disk(prepared.eval) if prepared.eval else None
+    train = load_rows(Path(prepared.train))
+    return train, load_rows(Path(prepared.eval)) if prepared.eval else None
+
+
+def rank_builds_data(directory: Path, rank: int) -> bool:
+    """Whether this rank may have to tokenize (and so needs `datasets`): rank 0 when the
+    directory is not complete yet. The others only ever read a finished one."""
+    return rank == 0 and read_prepared(directory) is None
+
+
+class ArrowRows:
+    """A finished split read with pyarrow alone: the rows as dicts of lists, as the
+    collator takes them. Ranks load the tokenized data with it instead of
+    `datasets.load_from_disk`, so a rank that does not tokenize needs no `datasets` import
+    (~0.5-1 s of CPU per rank with pandas, docs/stack-notes.md "Import costs")."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.column_names: list[str] = list(table.column_names)
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self.table.slice(index % len(self), 1).to_pylist()[0]
+
+
+def load_rows(split: Path) -> ArrowRows:
+    """A `save_to_disk` directory: state.json lists its Arrow stream files in order (it
+    writes the rows themselves, never an indices mapping)."""
+    import pyarrow as pa
+
+    state = json.loads((split / "state.json").read_text())
+    tables = []
+    for entry in state["_data_files"]:
+        # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
+        source = pa.memory_map(str(split / entry["filename"]))
+        tables.append(pa.ipc.open_stream(source).read_all())
+    return ArrowRows(pa.concat_tables(tables))
 
 
 def _first_line(path: Path) -> str | None:

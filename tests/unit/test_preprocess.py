@@ -165,7 +165,8 @@ def test_waiting_rank_gets_rank_0s_build(tmp_path):
     waiter.join(timeout=600)
     assert "sets" in got, got.get("error", "rank 1 still waiting")
     other_train, other_eval = got["sets"]
-    assert other_train["input_ids"] == train["input_ids"] and len(other_eval) == len(evaluation)
+    assert len(other_train) == len(train) and len(other_eval) == len(evaluation)
+    assert all(other_train[i] == train[i] for i in range(len(train)))
     assert "rank 0" in json.loads((directory / "meta.json").read_text())["built_by"]
 
 
@@ -217,3 +218,23 @@ def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     assert Path(built[0].train).parent.name == Path(built[1].train).parent.name  # same key
     first, second = (load_from_disk(b.train) for b in built)
     assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
+
+
+def test_ranks_read_the_same_rows_without_datasets(tmp_path):
+    """preprocess.load_rows (pyarrow alone) gives the rows `datasets.load_from_disk` gives,
+    packed (position_ids) and held-out splits included."""
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path, small_data(tmp_path), "dataset.packing=true",
+                 "dataset.max_length=128", "train.micro_batch_size=2")
+    prepared = preprocess.ensure_prepared(cfg, preprocess.data_dir(cfg), progress=False)
+    for split in (prepared.train, prepared.eval):
+        assert split is not None
+        rows, reference = preprocess.load_rows(Path(split)), load_from_disk(split)
+        assert rows.column_names == reference.column_names
+        assert "position_ids" in rows.column_names
+        assert len(rows) == len(reference)
+        assert [rows[i] for i in range(len(rows))] == list(reference)
+        assert rows[-1] == reference[len(reference) - 1]
+        with pytest.raises(IndexError):
+            rows[len(rows)]
