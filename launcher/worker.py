@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher import memtrace, timing
+from launcher import extensions, memtrace, timing
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.encode import adopt_chat_template
@@ -65,6 +65,10 @@ def release_deepspeed_shm() -> None:
 def train(run_dir: RunDir) -> NoReturn:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
+    if cfg.strategy.backend == "deepspeed":
+        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
+        # clear error rather than an endless wait on a killed build's lock.
+        extensions.check_build_locks(extensions.use_own_build_cache())
     rank = int(os.environ.get("RANK", "0"))
     data_dir = Path(json.loads(run_dir.plan.read_text())["data_dir"])
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
@@ -136,6 +140,10 @@ def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path 
     if cfg.strategy.backend != "deepspeed" or not needs_universal(resume, cfg.world_size):
         return resume, False
     assert resume is not None
+    if cfg.strategy.backend == "deepspeed":
+        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
+        # clear error rather than an endless wait on a killed build's lock.
+        extensions.check_build_locks(extensions.use_own_build_cache())
     rank = int(os.environ.get("RANK", "0"))
     return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
 
