@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/extensions.py)
+	$(BIN)/python -m launcher.extensions
 	touch $(STAMP)
 
 train: venv

@@ -19,6 +19,12 @@ from launcher.schema import GROUPS, RunConfig, register_configs
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def cache_home() -> Path:
+    """The project's per-user cache (FTL_CACHE_DIR, else ~/.cache/ftlaunch): what is built
+    once and reused by every run of this user (tokenized data, the memtrace counter)."""
+    return Path(os.environ.get("FTL_CACHE_DIR") or Path.home() / ".cache" / "ftlaunch")
+
+
 def config_dir() -> Path:
     """configs/ of this checkout, or FTL_CONFIG_DIR for a site-specific tree."""
     return Path(os.environ.get("FTL_CONFIG_DIR", PROJECT_ROOT / "configs")).resolve()

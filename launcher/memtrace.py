@@ -117,7 +117,9 @@ class Tracker(Protocol):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FTL_CACHE_DIR") or Path.home() / ".cache" / "ftlaunch")
+    from launcher.compose import cache_home
+
+    return cache_home()
 
 
 def library_path(torch_dir: Path, torch_version: str) -> Path:

@@ -1,9 +1,13 @@
 """Tokenize once: rows -> encoded (and packed) datasets, cached on disk by content.
 
-The cache directory is `<dataset.cache_dir or <run.output_dir>/.data>/<name>-<key>`, where
-the key hashes the bytes of the data files, the tokenizer's files, every dataset setting
-that changes the result and this module's version (`data_key`; no `datasets` or
-`transformers` import, so validation computes it and the plan records the directory).
+The cache directory is `<dataset.cache_dir or $FTL_CACHE_DIR/data>/<name>-<key>` (FTL_CACHE_DIR
+defaults to ~/.cache/ftlaunch), where the key hashes the bytes of the data files, the
+tokenizer's files, every dataset setting that changes the result and this module's
+version (`data_key`; no `datasets` or `transformers` import, so validation computes it and
+the plan records the directory). The
+default root is per user, not per output dir: the same data and tokenizer are tokenized
+once however many output dirs train on them (a new one used to pay 3-4 s for the bundled
+data on every `ftl train`); being keyed by content, sharing it is sound.
 
 Who builds it: `ftl preprocess` (ahead of time, e.g. on a login node), `ftl train` before
 any rank starts, or, when neither did (a Slurm job), rank 0 while the other ranks poll for
@@ -28,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.compose import local_or_as_is
+from launcher.compose import cache_home, local_or_as_is
 from launcher.encode import BUILTIN_CHAT_TEMPLATE
 from launcher.errors import DataError
 
@@ -66,7 +70,7 @@ class Prepared:
 
 def data_dir(cfg: RunConfig) -> Path:
     """Where this config's tokenized data lives (whether built yet or not)."""
-    root = Path(cfg.dataset.cache_dir or Path(cfg.run.output_dir) / ".data")
+    root = Path(cfg.dataset.cache_dir) if cfg.dataset.cache_dir else cache_home() / "data"
     return root.resolve() / f"{cfg.dataset.name}-{data_key(cfg)[:16]}"
 
 
@@ -128,7 +132,9 @@ def ensure_prepared(
     found = read_prepared(directory)
     if found is not None:
         return found
-    if data_dir(cfg) != directory:
+    # The key, not the root: a rank may see the user's cache under another HOME than the
+    # `ftl` process that planned the directory; the plan's location is the one to build.
+    if data_dir(cfg).name != directory.name:
         raise DataError(
             f"the data files or the tokenizer changed since this run was planned (expected "
             f"tokenized data in {directory}); plan the run again (`ftl train`/`ftl submit`)"
@@ -204,11 +210,9 @@ def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]
 
 def rank_datasets(
     cfg: RunConfig, directory: Path, tokenizer: Any, rank: int, rank0_error: Path
-) -> tuple[Dataset, Dataset | None]:
+) -> tuple[ArrowRows, ArrowRows | None]:
     """This rank's train and eval sets: rank 0 builds them when nobody has (before any
     process group exists), the others wait for rank 0's directory or its error file."""
-    from datasets import load_from_disk
-
     if rank == 0:
         prepared = ensure_prepared(cfg, directory, tokenizer, progress=False, builder="rank 0")
         done = "found" if prepared.cached else "tokenized"
@@ -217,8 +221,47 @@ def rank_datasets(
     else:
         prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
                             failed=lambda: _first_line(rank0_error))
-    train = load_from_disk(prepared.train)
-    return train, load_from_disk(prepared.eval) if prepared.eval else None
+    train = load_rows(Path(prepared.train))
+    return train, load_rows(Path(prepared.eval)) if prepared.eval else None
+
+
+def rank_builds_data(directory: Path, rank: int) -> bool:
+    """Whether this rank may have to tokenize (and so needs `datasets`): rank 0 when the
+    directory is not complete yet. The others only ever read a finished one."""
+    return rank == 0 and read_prepared(directory) is None
+
+
+class ArrowRows:
+    """A finished split read with pyarrow alone: the rows as dicts of lists, as the
+    collator takes them. Ranks load the tokenized data with it instead of
+    `datasets.load_from_disk`, so a rank that does not tokenize needs no `datasets` import
+    (~0.5-1 s of CPU per rank with pandas, docs/stack-notes.md "Import costs")."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.column_names: list[str] = list(table.column_names)
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self.table.slice(index % len(self), 1).to_pylist()[0]
+
+
+def load_rows(split: Path) -> ArrowRows:
+    """A `save_to_disk` directory: state.json lists its Arrow stream files in order (it
+    writes the rows themselves, never an indices mapping)."""
+    import pyarrow as pa
+
+    state = json.loads((split / "state.json").read_text())
+    tables = []
+    for entry in state["_data_files"]:
+        # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
+        source = pa.memory_map(str(split / entry["filename"]))
+        tables.append(pa.ipc.open_stream(source).read_all())
+    return ArrowRows(pa.concat_tables(tables))
 
 
 def _first_line(path: Path) -> str | None:

@@ -73,7 +73,8 @@ class DatasetConfig:
     num_tokens: int | None = None
     """Tokens per epoch for the estimator; empty: counted from the data when needed."""
     cache_dir: str = ""
-    """Where tokenized data is cached (shared by all nodes); empty: <run.output_dir>/.data."""
+    """Where tokenized data is cached (shared by all nodes); empty: $FTL_CACHE_DIR/data
+    (~/.cache/ftlaunch/data), shared by every output dir (the key is the content)."""
     num_proc: int = 0
     """Tokenizing processes; 0: one per CPU core (up to 8) for large files, else 1."""
     wait_timeout_s: float = 14400.0

@@ -85,24 +85,26 @@ def mark(name: str) -> None:
     MARKS.mark(name)
 
 
-def import_stack(cfg: RunConfig) -> None:
+def import_stack(cfg: RunConfig, builds_data: bool = False) -> None:
     """Import what this run uses now, so the imports show as a phase of their own instead
-    of inflating whichever step needs them first; and hide what it does not use.
+    of inflating whichever step needs them first; and keep out what it never uses.
 
-    transformers imports peft (and peft bitsandbytes) whenever peft is installed, and
-    accelerate imports deepspeed whenever deepspeed is installed, for every run: about
-    1-2 s per rank each on 2 cores (docs/stack-notes.md, "Import costs"). A run without
-    PEFT on a plain model, or without DeepSpeed, marks them absent in sys.modules (None:
-    `find_spec` answers None, `import` raises ImportError), so their availability checks
-    say no. Only done while none of those libraries is imported yet, so no library can
-    have seen them as available first. (Which libraries a process imported also used to
-    decide glibc's malloc thresholds, and with them ~10 % of a CPU step: the worker now
-    fixes those itself, training.keep_freed_memory.)"""
-    hidden = unused_libraries(cfg)
+    The libraries import what is installed, not what a run uses, and offer no switch:
+    transformers.trainer imports `datasets` (with pandas) and peft whenever they are
+    installed, peft imports bitsandbytes (which torch.compiles its CPU kernels at import),
+    accelerate imports deepspeed: ~0.5-5 s of CPU per rank each on 2 cores
+    (docs/stack-notes.md, "Import costs"). So the libraries this run never touches
+    (`unused_libraries`) are marked absent in sys.modules (None: `find_spec` answers None,
+    `import` raises ImportError) and their availability checks say no. That is the
+    narrowest form there is: only libraries the run's own code path never imports, only
+    in a rank, only while none of them is imported yet (so no library saw them available
+    first). (Which libraries a process imported also used to decide glibc's malloc
+    thresholds, and with them ~10 % of a CPU step: the worker now fixes those itself,
+    training.keep_freed_memory.)"""
+    hidden = unused_libraries(cfg, builds_data)
     if not any(name in sys.modules for name in (*HEAVY, *hidden)):
         for name in hidden:
             sys.modules.setdefault(name, None)  # type: ignore[assignment]
-    import datasets  # noqa: F401
     import transformers.trainer  # noqa: F401
 
     if cfg.strategy.backend == "deepspeed":
@@ -110,18 +112,25 @@ def import_stack(cfg: RunConfig) -> None:
     mark("imported")
 
 
-HEAVY = ("transformers", "accelerate", "peft", "bitsandbytes", "deepspeed")
+HEAVY = ("transformers", "accelerate", "peft", "bitsandbytes", "deepspeed", "datasets")
 
 
-def unused_libraries(cfg: RunConfig) -> tuple[str, ...]:
-    """Installed libraries a run never touches: peft and bitsandbytes without PEFT on a model
-    built from config or from a local plain (unquantized, non-adapter) checkpoint; deepspeed
-    under ddp and fsdp."""
+def unused_libraries(cfg: RunConfig, builds_data: bool = False) -> tuple[str, ...]:
+    """Installed libraries a run never touches: peft without PEFT, bitsandbytes without
+    QLoRA (LoRA does not use it), both only on a model built from config or from a local
+    plain (unquantized, non-adapter) checkpoint; deepspeed under ddp and fsdp; `datasets`
+    in a rank that does not tokenize (it reads the finished data with pyarrow,
+    preprocess.load_rows)."""
     hidden: list[str] = []
-    if cfg.peft.name == "none" and _plain_model(cfg.model.path):
-        hidden += ["peft", "bitsandbytes"]
+    plain = _plain_model(cfg.model.path)
+    if cfg.peft.name == "none" and plain:
+        hidden.append("peft")
+    if cfg.peft.name != "qlora" and plain:
+        hidden.append("bitsandbytes")
     if cfg.strategy.backend in ("ddp", "fsdp"):
         hidden.append("deepspeed")
+    if not builds_data:
+        hidden.append("datasets")
     return tuple(hidden)
 
 

@@ -22,13 +22,13 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher import memtrace, timing
+from launcher import extensions, memtrace, timing
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.encode import adopt_chat_template
 from launcher.hardware import gpu_preset
 from launcher.model import apply_peft, build_model, load_tokenizer
-from launcher.preprocess import rank_datasets
+from launcher.preprocess import rank_builds_data, rank_datasets
 from launcher.rundir import RunDir
 from launcher.training import make_trainer, setup_distributed, training_arguments
 
@@ -65,14 +65,20 @@ def release_deepspeed_shm() -> None:
 def train(run_dir: RunDir) -> NoReturn:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    timing.import_stack(cfg)  # start-up phases: the imports on their own
+    if cfg.strategy.backend == "deepspeed":
+        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
+        # clear error rather than an endless wait on a killed build's lock.
+        extensions.check_build_locks(extensions.use_own_build_cache())
+    rank = int(os.environ.get("RANK", "0"))
+    data_dir = Path(json.loads(run_dir.plan.read_text())["data_dir"])
+    # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
+    timing.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
     quiet_progress_bars()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
-    datasets = rank_datasets(cfg, Path(json.loads(run_dir.plan.read_text())["data_dir"]),
-                             tokenizer, int(os.environ.get("RANK", "0")), run_dir.rank_error("0"))
+    datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
     timing.mark("data_loaded")
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = resume_source(cfg, run_dir, resume)
@@ -134,18 +140,21 @@ def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path 
     if cfg.strategy.backend != "deepspeed" or not needs_universal(resume, cfg.world_size):
         return resume, False
     assert resume is not None
+    if cfg.strategy.backend == "deepspeed":
+        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
+        # clear error rather than an endless wait on a killed build's lock.
+        extensions.check_build_locks(extensions.use_own_build_cache())
     rank = int(os.environ.get("RANK", "0"))
     return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
 
 
 def quiet_progress_bars() -> None:
     """Loading/saving bars from every rank garble the launcher's console; steps are
-    reported by MetricsCallback instead."""
-    import datasets
+    reported by MetricsCallback instead. (A rank that tokenizes turns off `datasets`' own
+    bars there, data.encode_splits; the others never import it.)"""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    datasets.disable_progress_bars()
 
 
 BARRIER_STACKS_AFTER_S = 600.0

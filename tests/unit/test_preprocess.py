@@ -49,8 +49,15 @@ def small_data(tmp_path: Path, rows: int = 64) -> Path:
 def config(tmp_path: Path, data: Path, *extra: str) -> Any:
     return compose_config([
         f"dataset.path={data}", "dataset.eval_path=", "dataset.eval_fraction=0.1",
-        f"run.output_dir={tmp_path / 'out'}", "cluster.gpus_per_node=2", *extra,
+        f"run.output_dir={tmp_path / 'out'}", "cluster.gpus_per_node=2", private_cache(tmp_path),
+        *extra,
     ])
+
+
+def private_cache(tmp_path: Path) -> str:
+    """This test's own cache (the default one is shared by every run of the user, so a
+    build a test expects would be found there from an earlier test run)."""
+    return f"dataset.cache_dir={tmp_path / 'out' / '.data'}"
 
 
 def ftl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -94,6 +101,7 @@ def test_ftl_preprocess_json_twice(tmp_path):
     data = small_data(tmp_path)
     args = ["preprocess", "--json", f"dataset.path={data}", "dataset.eval_path=",
             "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path}", "dataset.packing=true",
+            f"dataset.cache_dir={tmp_path / '.data'}",
             "dataset.max_length=128", "train.micro_batch_size=2"]
     first = ftl(*args)
     assert first.returncode == 0, first.stderr
@@ -121,7 +129,7 @@ def test_bad_data_exits_2_and_caches_nothing(tmp_path, extra, message):
     data = small_data(tmp_path)
     run = ftl("preprocess", f"dataset.path={data}", "dataset.eval_path=",
               "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path / 'out'}",
-              "cluster.gpus_per_node=2", *extra)
+              "cluster.gpus_per_node=2", private_cache(tmp_path), *extra)
     assert run.returncode == 2, run.stderr
     assert message in run.stderr and str(data) in run.stderr
     cache = tmp_path / "out" / ".data"
@@ -132,7 +140,7 @@ def test_ftl_train_with_bad_data_writes_no_run_dir(tmp_path):
     data = small_data(tmp_path)
     run = ftl("train", f"dataset.path={data}", "dataset.eval_path=",
               "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path / 'out'}",
-              "dataset.max_length=8")
+              "dataset.max_length=8", private_cache(tmp_path))
     assert run.returncode == 2 and "dataset.max_length=8" in run.stderr, run.stderr
     assert [p.name for p in (tmp_path / "out").iterdir()] in ([], [".data"])
     assert not any((tmp_path / "out" / ".data").glob("*"))
@@ -157,7 +165,8 @@ def test_waiting_rank_gets_rank_0s_build(tmp_path):
     waiter.join(timeout=600)
     assert "sets" in got, got.get("error", "rank 1 still waiting")
     other_train, other_eval = got["sets"]
-    assert other_train["input_ids"] == train["input_ids"] and len(other_eval) == len(evaluation)
+    assert len(other_train) == len(train) and len(other_eval) == len(evaluation)
+    assert all(other_train[i] == train[i] for i in range(len(train)))
     assert "rank 0" in json.loads((directory / "meta.json").read_text())["built_by"]
 
 
@@ -179,6 +188,25 @@ def test_a_run_planned_on_other_data_is_refused(tmp_path):
         preprocess.ensure_prepared(cfg, planned, CountingTokenizer(), progress=False)
 
 
+def test_default_cache_is_one_per_user_not_per_output_dir(tmp_path, monkeypatch):
+    """A new output dir finds the data another output dir tokenized (the key is the content)."""
+    monkeypatch.setenv("FTL_CACHE_DIR", str(tmp_path / "user-cache"))
+    data = small_data(tmp_path)
+    one, two = (compose_config([f"dataset.path={data}", f"run.output_dir={tmp_path / out}"])
+                for out in ("a", "b"))
+    assert preprocess.data_dir(one) == preprocess.data_dir(two)
+    assert preprocess.data_dir(one).parent == tmp_path / "user-cache" / "data"
+
+
+def test_a_rank_builds_where_the_plan_says_under_another_root(tmp_path):
+    """The planned location stands when the rank's own default root differs (another HOME
+    on a compute node): only a different key means the data changed."""
+    cfg = config(tmp_path, small_data(tmp_path))
+    planned = tmp_path / "elsewhere" / preprocess.data_dir(cfg).name
+    built = preprocess.ensure_prepared(cfg, planned, CountingTokenizer(), progress=False)
+    assert not built.cached and built.train == str(planned / "train")
+
+
 def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     data = small_data(tmp_path)
     one = config(tmp_path, data, f"dataset.cache_dir={tmp_path / 'one'}", "dataset.num_proc=1")
@@ -190,3 +218,23 @@ def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     assert Path(built[0].train).parent.name == Path(built[1].train).parent.name  # same key
     first, second = (load_from_disk(b.train) for b in built)
     assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
+
+
+def test_ranks_read_the_same_rows_without_datasets(tmp_path):
+    """preprocess.load_rows (pyarrow alone) gives the rows `datasets.load_from_disk` gives,
+    packed (position_ids) and held-out splits included."""
+    from datasets import load_from_disk
+
+    cfg = config(tmp_path, small_data(tmp_path), "dataset.packing=true",
+                 "dataset.max_length=128", "train.micro_batch_size=2")
+    prepared = preprocess.ensure_prepared(cfg, preprocess.data_dir(cfg), progress=False)
+    for split in (prepared.train, prepared.eval):
+        assert split is not None
+        rows, reference = preprocess.load_rows(Path(split)), load_from_disk(split)
+        assert rows.column_names == reference.column_names
+        assert "position_ids" in rows.column_names
+        assert len(rows) == len(reference)
+        assert [rows[i] for i in range(len(rows))] == list(reference)
+        assert rows[-1] == reference[len(reference) - 1]
+        with pytest.raises(IndexError):
+            rows[len(rows)]

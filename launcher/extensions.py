@@ -1,0 +1,118 @@
+"""DeepSpeed's JIT-built ops: one build cache per environment, built once, never waited on
+forever.
+
+DeepSpeed compiles its C++ ops (on CPU: the shared-memory all-reduce deepspeed_shm_comm,
+cpu_adam for offload, fused_adam) with torch.utils.cpp_extension on first use, into
+TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions/py311_cpu/<op>: one directory per
+user for every environment with that Python. The build.ninja written there names the
+environment's own include and library paths (…/.venv/lib/python3.11/site-packages/torch/
+include, …/deepspeed/ops/csrc/…), so two environments (a checkout and a CI clean clone, a
+bench venv) each see the other's build.ninja as changed and rebuild the op, 75 s mid-run
+on 2 cores. So the ranks use `<sys.prefix>/torch_extensions` (the environment's own, unless
+the user set TORCH_EXTENSIONS_DIR), and `make venv` builds the CPU ops there once
+(`python -m launcher.extensions`).
+
+A build holds `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) and every other
+process waits for that file to go, forever: a killed build leaves it behind. A rank checks
+first (`check_build_locks`) and stops with the file and the fix instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, MutableMapping
+from pathlib import Path
+
+ENV = "TORCH_EXTENSIONS_DIR"
+CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
+"""The DeepSpeed op builders CPU runs load: the all-reduce, offload's and ZeRO's Adam."""
+STALE_LOCK_S = 300.0
+"""A build lock this old with no build running on this host is taken for a killed build's
+(building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""
+
+
+def extensions_dir(environ: Mapping[str, str] = os.environ, prefix: str = sys.prefix) -> Path:
+    """The user's TORCH_EXTENSIONS_DIR, else this environment's own build cache."""
+    return Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
+
+
+def use_own_build_cache(environ: MutableMapping[str, str] = os.environ) -> Path:
+    """Point torch's JIT builds at `extensions_dir` (before DeepSpeed builds or loads an op)."""
+    directory = extensions_dir(environ)
+    environ.setdefault(ENV, str(directory))
+    return directory
+
+
+def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_LOCK_S,
+                building: Iterable[Path] | None = None) -> list[Path]:
+    """The `<root>/<op>/lock` files older than `max_age_s` whose op nobody on this host is
+    building (a running build's compiler runs with its cwd in the op's directory)."""
+    now = time.time() if now is None else now
+    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
+    stale = []
+    for lock in sorted(root.glob("*/lock")):
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:
+            continue  # the build just finished
+        if age > max_age_s and lock.parent.resolve() not in busy:
+            stale.append(lock)
+    return stale
+
+
+def build_dirs_in_use() -> set[Path]:
+    """Working directories of this host's processes (those we may read): ninja and the
+    compiler run in the op's build directory."""
+    found = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            found.add(Path(os.readlink(proc / "cwd")))
+        except OSError:
+            continue
+    return found
+
+
+class StaleBuildLock(RuntimeError):
+    """A build lock no build holds any more."""
+
+
+def check_build_locks(root: Path) -> None:
+    """StaleBuildLock naming each stale build lock and the fix, instead of a silent wait."""
+    stale = stale_locks(root)
+    if not stale:
+        return
+    names = ", ".join(str(lock) for lock in stale)
+    raise StaleBuildLock(
+        f"DeepSpeed op build lock(s) left behind by a killed build: {names} (older than "
+        f"{STALE_LOCK_S:.0f} s, no build running on this host); every run would wait for "
+        f"them forever. Fix: make sure no build of that op runs on another node, then remove "
+        f"them (rm {' '.join(str(lock) for lock in stale)}) and launch again"
+    )
+
+
+def prebuild(builders: Iterable[str] = CPU_OPS) -> list[str]:
+    """Build (or find built) the ops CPU runs load, in this environment's build cache, so no
+    run pays the build; nothing on an accelerator other than the CPU."""
+    directory = use_own_build_cache()
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
+    check_build_locks(directory)
+    built = []
+    for name in builders:
+        builder = accelerator.create_op_builder(name)
+        if builder is not None and builder.is_compatible():
+            builder.load(verbose=False)
+            built.append(builder.name)
+    return built
+
+
+if __name__ == "__main__":
+    started = time.time()
+    ops = prebuild()
+    print(f"DeepSpeed ops in {extensions_dir()}: {', '.join(ops) or 'none (not a CPU build)'} "
+          f"({time.time() - started:.0f} s)")

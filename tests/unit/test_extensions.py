@@ -1,0 +1,48 @@
+"""launcher/extensions.py: DeepSpeed's op builds in the environment's own cache, and a
+killed build's lock reported instead of waited on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launcher import extensions
+
+
+def test_build_cache_is_the_environments_own_unless_the_user_set_one(tmp_path) -> None:
+    import sys
+    from pathlib import Path
+
+    env: dict[str, str] = {}
+    assert extensions.use_own_build_cache(env) == Path(sys.prefix) / "torch_extensions"
+    assert env[extensions.ENV] == str(Path(sys.prefix) / "torch_extensions")
+    assert extensions.extensions_dir({}, prefix="/venv") == Path("/venv/torch_extensions")
+    mine = {extensions.ENV: str(tmp_path)}
+    assert extensions.use_own_build_cache(mine) == tmp_path
+    assert mine[extensions.ENV] == str(tmp_path)
+
+
+def lock(root, op: str, age_s: float, now: float):
+    path = root / op / "lock"
+    path.parent.mkdir(parents=True)
+    path.touch()
+    os.utime(path, (now - age_s, now - age_s))
+    return path
+
+
+def test_only_old_locks_of_ops_nobody_builds_are_stale(tmp_path) -> None:
+    now = 1_000_000.0
+    old = lock(tmp_path, "cpu_adam", 3600, now)
+    lock(tmp_path, "fused_adam", 10, now)  # a build that just started
+    building = lock(tmp_path, "deepspeed_shm_comm", 3600, now)  # slow, but running here
+    found = extensions.stale_locks(tmp_path, now, building=[building.parent])
+    assert found == [old]
+
+
+def test_a_stale_lock_stops_with_the_file_and_the_fix(tmp_path) -> None:
+    path = lock(tmp_path, "deepspeed_shm_comm", 3600, __import__("time").time())
+    with pytest.raises(extensions.StaleBuildLock, match=f"rm {path}"):
+        extensions.check_build_locks(tmp_path)
+    path.unlink()
+    extensions.check_build_locks(tmp_path)  # nothing left: no error
