@@ -38,11 +38,30 @@ def extensions_dir(environ: Mapping[str, str] = os.environ, prefix: str = sys.pr
     return Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
 
 
-def use_own_build_cache(environ: MutableMapping[str, str] = os.environ) -> Path:
-    """Point torch's JIT builds at `extensions_dir` (before DeepSpeed builds or loads an op)."""
-    directory = extensions_dir(environ)
+def use_own_build_cache(environ: MutableMapping[str, str] = os.environ,
+                        prefix: str = sys.prefix) -> Path:
+    """Point torch's JIT builds at `extensions_dir`, built by this environment's own ninja
+    (before DeepSpeed builds or loads an op)."""
+    directory = extensions_dir(environ, prefix)
     environ.setdefault(ENV, str(directory))
+    use_own_ninja(environ, prefix)
     return directory
+
+
+def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
+    """torch runs whichever `ninja` PATH finds first. Two ninja versions (pip's in the
+    environment, 1.13 here, and a system one, Debian's 1.11) write incompatible build logs
+    (.ninja_log v7 and v5), and each takes the other's log for an unknown build and
+    rebuilds every object: a 60-160 s rebuild of the op each time a run started by the
+    deepspeed launcher (which puts the environment's bin first) follows one started by
+    torchrun (which does not), measured in the ninja log of one op directory. The
+    environment's own ninja, where it has one, for every build."""
+    bin_dir = Path(prefix) / "bin"
+    if not (bin_dir / "ninja").is_file():
+        return
+    path = environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != str(bin_dir):
+        environ["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), path]))
 
 
 def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_LOCK_S,

@@ -140,10 +140,6 @@ def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path 
     if cfg.strategy.backend != "deepspeed" or not needs_universal(resume, cfg.world_size):
         return resume, False
     assert resume is not None
-    if cfg.strategy.backend == "deepspeed":
-        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
-        # clear error rather than an endless wait on a killed build's lock.
-        extensions.check_build_locks(extensions.use_own_build_cache())
     rank = int(os.environ.get("RANK", "0"))
     return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
 

@@ -46,3 +46,16 @@ def test_a_stale_lock_stops_with_the_file_and_the_fix(tmp_path) -> None:
         extensions.check_build_locks(tmp_path)
     path.unlink()
     extensions.check_build_locks(tmp_path)  # nothing left: no error
+
+
+def test_builds_run_the_environments_own_ninja(tmp_path) -> None:
+    """Two ninja versions take each other's build log for an unknown build and rebuild the
+    op from scratch: the environment's ninja comes first on PATH for every build."""
+    (tmp_path / "bin").mkdir()
+    env = {"PATH": "/usr/local/bin:/usr/bin"}
+    extensions.use_own_build_cache(env, prefix=str(tmp_path))
+    assert env["PATH"] == "/usr/local/bin:/usr/bin"  # no ninja of its own: PATH as it was
+    (tmp_path / "bin" / "ninja").touch()
+    extensions.use_own_build_cache(env, prefix=str(tmp_path))
+    extensions.use_own_build_cache(env, prefix=str(tmp_path))  # once, however often called
+    assert env["PATH"] == f"{tmp_path / 'bin'}:/usr/local/bin:/usr/bin"
