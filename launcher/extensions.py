@@ -52,10 +52,11 @@ def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
     """torch runs whichever `ninja` PATH finds first. Two ninja versions (pip's in the
     environment, 1.13 here, and a system one, Debian's 1.11) write incompatible build logs
     (.ninja_log v7 and v5), and each takes the other's log for an unknown build and
-    rebuilds every object: a 60-160 s rebuild of the op each time a run started by the
-    deepspeed launcher (which puts the environment's bin first) follows one started by
-    torchrun (which does not), measured in the ninja log of one op directory. The
-    environment's own ninja, where it has one, for every build."""
+    rebuilds every object: a 60-160 s rebuild of the op each time a run whose PATH starts
+    with the environment's bin (a Slurm job script, an activated venv) follows one whose
+    PATH does not (`.venv/bin/ftl train` from a plain shell), measured in the ninja log of
+    one op directory during the suite. The environment's own ninja, where it has one, for
+    every build."""
     bin_dir = Path(prefix) / "bin"
     if not (bin_dir / "ninja").is_file():
         return
