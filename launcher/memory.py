@@ -3,10 +3,10 @@
 Pure arithmetic, no torch/deepspeed import. Sources of each figure:
 
 - Model states: what the DeepSpeed engine (or torch DDP) really allocates, read from its
-  source and measured on live engines; see ENGINE_ACCOUNTING_NOTES. Precision-aware. The
-  ZeRO paper's and DeepSpeed's own estimator formulas are kept as test oracles
-  (tests/unit/memory_oracles.py), not used here: DeepSpeed's assumes 16-bit training and
-  under-counts ZeRO-3 by one 16-bit partition.
+  source and measured on live engines; see ENGINE_ACCOUNTING_NOTES. Precision-aware.
+  DeepSpeed's own estimator functions are what tests/unit/test_estimate.py compares it
+  with, not used here: they assume 16-bit training and under-count ZeRO-3 by one 16-bit
+  partition.
 - Activations: fitted to live tensor bytes measured at the forward's end (2 CPU ranks,
   fp32; docs/memory-notes.md section 4): `activation_bytes`. Korthikanti et al. 2022
   (arXiv 2205.05198, `korthikanti_layer_bytes`) is kept as the published reference.

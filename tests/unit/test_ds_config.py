@@ -155,6 +155,24 @@ def test_every_generated_config_passes_deepspeeds_parser(deepspeed_config_cls, g
         assert (zero.offload_param is not None) == cfg.strategy.offload_param, name
         if cfg.strategy.zero_stage == 3:
             assert zero.gather_16bit_weights_on_model_save is True, name
+        # The optimizer DeepSpeed will build: on a GPU preset its own AdamW (FusedAdam, or
+        # DeepSpeedCPUAdam where offload_optimizer is set: engine.get_optimizer_configuration),
+        # with no DeepSpeed scheduler, so the HF Trainer's schedule drives it
+        # (test_trainer_runs_deepspeed_adamw_under_the_hf_scheduler runs the offload one);
+        # on the cpu preset none, and the Trainer's torch AdamW is allowed.
+        assert parsed.scheduler_name is None, name
+        if name.startswith("cpu_"):
+            assert parsed.optimizer_name is None, name
+            assert parsed.zero_allow_untested_optimizer is True, name
+            assert parsed.zero_force_ds_cpu_optimizer is False, name
+        else:
+            train = cfg.train
+            assert parsed.optimizer_name == "adamw", name
+            assert parsed.optimizer_params == {
+                "lr": train.lr, "betas": [train.adam_beta1, train.adam_beta2],
+                "eps": train.adam_epsilon, "weight_decay": train.weight_decay}, name
+            device = zero.offload_optimizer.device if zero.offload_optimizer else None
+            assert device == ("cpu" if cfg.strategy.offload_optimizer else None), name
 
 
 def test_deepspeeds_parser_rejects_what_we_would_get_wrong(deepspeed_config_cls) -> None:
@@ -471,13 +489,16 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("strategy", "optimizer"), [("zero2", "FusedAdam"), ("zero2_offload", "DeepSpeedCPUAdam")]
-)
-def test_trainer_runs_deepspeed_adamw_under_the_hf_scheduler(strategy: str, optimizer: str) -> None:
+def test_trainer_runs_deepspeed_adamw_under_the_hf_scheduler() -> None:
     """The GPU-preset file (optimizer block, no scheduler block) through the real Trainer on
     one CPU process: HF's mismatch check passes, DeepSpeed builds its own Adam (compiled
-    with ninja on a fresh machine, ~40 s each), and the lr follows HF's warmup + cosine."""
+    with ninja on a fresh machine, ~40-80 s), and the lr follows HF's warmup + cosine.
+
+    One case, zero2_offload: DeepSpeedCPUAdam is also the op GPU runs with offload use.
+    The zero2 file differs only in having no offload_optimizer block, which
+    test_every_generated_config_passes_deepspeeds_parser checks; the FusedAdam DeepSpeed
+    then builds on CPU is a CPU-only op (a second compile), not the CUDA one GPUs run."""
+    strategy, optimizer = "zero2_offload", "DeepSpeedCPUAdam"
     import json
     import socket
     import subprocess

@@ -4,6 +4,7 @@ comes back in one ConfigError."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from launcher.checkpoints import write_complete_marker
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
+from launcher.hardware import GPU_PRESETS
+from launcher.planner import make_plan, plan_launch
 from launcher.validate import Target, validate
 
 
@@ -39,8 +42,17 @@ def test_fp16_on_cpu_names_precision_and_fix() -> None:
     assert "Fix: precision=bf16 or precision=fp32" in message
 
 
-def test_fp16_on_gpu_preset_is_valid() -> None:
-    validate(compose_config(["precision=fp16", "cluster.gpu=v100-32g"]), "plan")
+def test_fp16_is_accepted_on_every_gpu_preset_and_only_there() -> None:
+    base = compose_config(["precision=fp16"])
+    accepted = set()
+    for gpu in GPU_PRESETS:
+        cfg = copy.deepcopy(base)
+        cfg.cluster.gpu = gpu
+        try:
+            accepted.add(validate(cfg, "plan").cfg.cluster.gpu)
+        except ConfigError:
+            pass
+    assert accepted == {"v100-32g", "a100-40g", "a100-80g", "h100-80g", "h200-141g"}
 
 
 def test_bf16_on_v100_is_refused() -> None:
@@ -73,7 +85,10 @@ def test_local_multi_node_with_deepspeed_hostfile_is_allowed(tmp_path: Path) -> 
     hostfile.write_text("worker-1 slots=2\nworker-2 slots=2  # second node\n")
     cfg = compose_config(["cluster.nodes=2", "cluster.launcher=deepspeed",
                           f"cluster.hostfile={hostfile}", f"run.output_dir={tmp_path}"])
-    validate(cfg, "train")
+    launch = plan_launch(make_plan(validate(cfg, "train")), tmp_path / "run")
+    # one deepspeed on this machine, starting both nodes from the user's own file
+    assert launch.argv[:5] == ["deepspeed", "--hostfile", str(hostfile), "--num_nodes", "2"]
+    assert launch.hostfile is None and not launch.per_node
 
 
 def test_hostfile_must_exist_parse_and_list_every_node(tmp_path: Path) -> None:
@@ -114,22 +129,22 @@ def test_train_checks_this_machine_together_with_the_config() -> None:
 
 
 @pytest.mark.parametrize(
-    "override",
+    "override, shown",
     [
-        "train.micro_batch_size=0",
-        "train.grad_accum=-1",
-        "train.lr=0",
-        "train.lr=-1e-5",
-        "cluster.nodes=0",
-        "cluster.gpus_per_node=0",
-        "train.save_steps=0",
-        "dataset.max_length=0",
+        ("train.micro_batch_size=0", "train.micro_batch_size=0"),
+        ("train.grad_accum=-1", "train.grad_accum=-1"),
+        ("train.lr=0", "train.lr=0.0"),  # a float key shows the value as parsed
+        ("train.lr=-1e-5", "train.lr=-1e-05"),
+        ("cluster.nodes=0", "cluster.nodes=0"),
+        ("cluster.gpus_per_node=0", "cluster.gpus_per_node=0"),
+        ("train.save_steps=0", "train.save_steps=0"),
+        ("dataset.max_length=0", "dataset.max_length=0"),
     ],
 )
-def test_non_positive_values_are_refused(override: str) -> None:
-    message = only_problem([override])
-    assert message.startswith(override.replace("=", "=", 1).split("=")[0])
-    assert "must be greater than 0" in message and "Fix:" in message
+def test_non_positive_values_are_refused(override: str, shown: str) -> None:
+    key = override.split("=")[0]
+    assert only_problem([override]) == (
+        f"{shown}: must be greater than 0. Fix: set {key} to a positive value.")
 
 
 def test_zero_max_steps_is_refused() -> None:
@@ -146,10 +161,11 @@ def test_global_batch_mismatch_suggests_grad_accum() -> None:
     assert "Fix: train.grad_accum=4" in message
 
 
-def test_global_batch_that_matches_is_valid() -> None:
-    overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4", "train.grad_accum=4",
-                 "train.global_batch_size=32"]
-    validate(compose_config(overrides), "plan")
+def test_global_batch_that_matches_is_the_batch_deepspeed_gets() -> None:
+    overrides = ["strategy=zero2", "cluster.gpus_per_node=2", "train.micro_batch_size=4",
+                 "train.grad_accum=4", "train.global_batch_size=32"]
+    plan = make_plan(validate(compose_config(overrides), "plan"))
+    assert plan.ds_config["train_batch_size"] == 32
 
 
 def test_global_batch_not_divisible_explains() -> None:
