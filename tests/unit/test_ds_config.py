@@ -20,6 +20,7 @@ from launcher.ds_config import (
 from launcher.ds_config import (
     main as ds_config_main,
 )
+from launcher.extensions import use_own_build_cache
 from launcher.schema import RunConfig
 from launcher.strategies import deepspeed_strategies
 
@@ -507,8 +508,12 @@ def test_trainer_runs_deepspeed_adamw_under_the_hf_scheduler() -> None:
     with socket.socket() as sock:  # a free port for this one-process group
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
+    # The ops where a rank finds them: the environment's own build cache and ninja, which
+    # `make ops` filled (else this test builds them, ~1 min).
+    env = dict(os.environ)
+    use_own_build_cache(env)
     run = subprocess.run(
-        [sys.executable, "-c", TRAINER_RUN, strategy, port],
+        [sys.executable, "-c", TRAINER_RUN, strategy, port], env=env,
         capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
