@@ -252,22 +252,23 @@ def time_limit_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     cancel_unfinished(job)
 
 
-@pytest.fixture(scope="module")
-def cancel_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+def job_stopped_at_step_2(factory: pytest.TempPathFactory, name: str) -> Iterator[Job]:
+    """A single-node job whose ranks wait at step 1's end until a stop is requested."""
     job = submit_job([*TINY, "cluster.gpus_per_node=2",
-                      f"run.output_dir={tmp_path_factory.mktemp('slurm-cancel')}",
-                      "run.name=cancelled", wait_for_stop(0)])
+                      f"run.output_dir={factory.mktemp(f'slurm-{name}')}", f"run.name={name}",
+                      wait_for_stop(0)])
     yield job
     cancel_unfinished(job)
+
+
+@pytest.fixture(scope="module")
+def cancel_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    yield from job_stopped_at_step_2(tmp_path_factory, "cancelled")
 
 
 @pytest.fixture(scope="module")
 def sigterm_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    job = submit_job([*TINY, "cluster.gpus_per_node=2",
-                      f"run.output_dir={tmp_path_factory.mktemp('slurm-sigterm')}",
-                      "run.name=sigterm", wait_for_stop(0)])
-    yield job
-    cancel_unfinished(job)
+    yield from job_stopped_at_step_2(tmp_path_factory, "sigterm")
 
 
 @pytest.fixture(scope="module")
