@@ -25,7 +25,8 @@ def ftl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_dirs(output_dir: Path) -> list[Path]:
-    """outputs/<run.name>/<timestamp> dirs (not the tokenized-data cache, .data/)."""
+    """outputs/<run.name>/<timestamp> dirs (none under a hidden dir, such as a tokenized-data
+    cache that dataset.cache_dir put there)."""
     return [p for p in output_dir.glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")]
 
 

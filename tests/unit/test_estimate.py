@@ -14,6 +14,7 @@ from launcher.auto import chosen_strategy
 from launcher.compose import compose_config
 from launcher.estimate import estimate
 from launcher.estimate_table import estimate_json, render_estimate_table
+from launcher.extensions import use_own_build_cache
 from launcher.flops import (
     adapter_params,
     count_params,
@@ -539,6 +540,7 @@ def live_engine_held(tmp_path_factory) -> dict[tuple[int, str], int]:
             str(m.intermediate_size), str(m.vocab_size),
             ",".join(f"{stage}:{precision}" for stage, precision in LIVE_CASES)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    use_own_build_cache(env)  # DeepSpeed's ops where a rank finds them (`make ops`)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     held = {}
     for line in out.stdout.splitlines():
