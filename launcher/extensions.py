@@ -8,9 +8,10 @@ user for every environment with that Python. The build.ninja written there names
 environment's own include and library paths (…/.venv/lib/python3.11/site-packages/torch/
 include, …/deepspeed/ops/csrc/…), so two environments (a checkout and a CI clean clone, a
 bench venv) each see the other's build.ninja as changed and rebuild the op, 75 s mid-run
-on 2 cores. So the ranks use `<sys.prefix>/torch_extensions` (the environment's own, unless
-the user set TORCH_EXTENSIONS_DIR), and `make venv` builds the CPU ops there once
-(`python -m launcher.extensions`).
+on 2 cores; two ninja versions do the same within one environment (`use_own_ninja`). So
+the ranks use `<sys.prefix>/torch_extensions` (the environment's own, unless the user set
+TORCH_EXTENSIONS_DIR) with the environment's ninja, and `make ops` builds the CPU ops
+there once (`python -m launcher.extensions`).
 
 A build holds `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) and every other
 process waits for that file to go, forever: a killed build leaves it behind. A rank checks
@@ -74,16 +75,17 @@ def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_L
     """The `<root>/<op>/lock` files older than `max_age_s` whose op nobody on this host is
     building (a running build's compiler runs with its cwd in the op's directory)."""
     now = time.time() if now is None else now
-    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
-    stale = []
+    old = []
     for lock in sorted(root.glob("*/lock")):
         try:
-            age = now - lock.stat().st_mtime
+            if now - lock.stat().st_mtime > max_age_s:
+                old.append(lock)
         except OSError:
             continue  # the build just finished
-        if age > max_age_s and lock.parent.resolve() not in busy:
-            stale.append(lock)
-    return stale
+    if not old:  # every DeepSpeed rank asks at start-up: /proc is read only when it matters
+        return []
+    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
+    return [lock for lock in old if lock.parent.resolve() not in busy]
 
 
 def build_dirs_in_use() -> set[Path]:
