@@ -72,15 +72,13 @@ class Run:
         return json.loads(RunDir(self.run_dir).result.read_text())
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = RunDir(self.run_dir).metrics
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return jsonl(RunDir(self.run_dir).metrics)
 
     def train_losses(self) -> dict[int, float]:
         return train_losses(self.run_dir)
 
     def launches(self) -> list[dict[str, Any]]:
-        path = RunDir(self.run_dir).launches
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return jsonl(RunDir(self.run_dir).launches)
 
     def probe(self, name: str, rank: int) -> dict[str, Any]:
         return json.loads((self.run_dir / PROBES / f"{name}-rank{rank}.json").read_text())
@@ -89,10 +87,14 @@ class Run:
         return torch.load(self.run_dir / PROBES / "logits.pt")
 
 
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines run-dir file (metrics.jsonl, launches.jsonl)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     """step -> train loss of a run dir's metrics.jsonl (each step must be logged once)."""
-    path = RunDir(run_dir).metrics
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = jsonl(RunDir(run_dir).metrics)
     steps = [r["step"] for r in records if "loss" in r]
     assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
     return {r["step"]: r["loss"] for r in records if "loss" in r}

@@ -36,6 +36,7 @@ from runs import (
     Run,
     describe_failure,
     free_port,
+    jsonl,
     plan_run,
     project_env,
     train_losses,
@@ -174,8 +175,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     second_dir = run_dirs(root, name)[-1]
     assert second_dir != first_dir and not is_complete(half)
     checkpoint = first_dir / "checkpoints" / f"checkpoint-{stop_step}"
-    (launch_record,) = [json.loads(line) for line in
-                        (second_dir / "launches.jsonl").read_text().splitlines()]
+    (launch_record,) = jsonl(second_dir / "launches.jsonl")
     assert launch_record["resumed_from"] == str(checkpoint)
     assert launch_record["start_step"] == stop_step
     result = json.loads((second_dir / "result.json").read_text())
@@ -185,8 +185,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     # The run finished: the same command again trains anew (validation, no launch needed).
     assert plan_run(root, name, mine).plan.resume_from is None
     # A resumed launch does not evaluate "at the start" again.
-    second_metrics = [json.loads(line) for line in
-                      (second_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    second_metrics = jsonl(second_dir / "metrics.jsonl")
     assert [m["step"] for m in second_metrics if "eval_loss" in m] == [MAX_STEPS]
 
     # Exactly one loss per step across the launches: a restart from step 0 would log
