@@ -176,6 +176,15 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return cancel(args.target)
 
 
+@verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]")
+def cmd_keys(args: argparse.Namespace) -> int:
+    from launcher.keys import all_keys, keys_json, render, select
+
+    keys = select(all_keys(), args.prefix)
+    print(keys_json(keys) if args.json else render(keys), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ftl",
@@ -187,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         verb_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == "ds-config":
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
-        if name in ("estimate", "preprocess"):
+        if name in ("estimate", "preprocess", "keys"):
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
         if name == "estimate":
             verb_parser.add_argument(
@@ -208,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if name == "report":
             verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
+            continue
+        if name == "keys":
+            verb_parser.add_argument("prefix", nargs="?", default="",
+                                     help="only keys starting with it, e.g. train. or strategy")
             continue
         if name in ("status", "cancel"):
             verb_parser.add_argument("target", help="a run dir or a job id")
