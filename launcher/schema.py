@@ -205,7 +205,8 @@ class ClusterConfig:
     hostfile: str = ""
     """deepspeed multi-node without a scheduler: hostfile listing the nodes."""
     host_memory_gib: float = 0.0
-    """CPU RAM per node for offload; 0: unknown (not checked)."""
+    """CPU RAM per node in GiB, which offloaded states must fit; 0: unknown (the estimate does
+    not check it; `ftl train` checks this machine's RAM)."""
     setup: list[str] = field(default_factory=list)
     """Shell lines a batch job runs before the launcher, e.g. `module load cuda`."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -243,7 +244,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay; 0: none."""
     warmup_ratio: float = 0.03
-    """Share of the total steps the learning rate rises linearly from 0, in [0, 1)."""
+    """Share of the total steps the learning rate rises linearly from 0, in [0, 1) (the
+    constant scheduler has no warmup)."""
     lr_scheduler: str = "cosine"
     """Learning-rate shape after warmup (the Trainer's lr_scheduler_type)."""
     max_grad_norm: float = 1.0
