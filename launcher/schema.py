@@ -87,7 +87,8 @@ class DatasetConfig:
     columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
     """Column renames, e.g. dataset.columns.messages=conversation."""
     template: str = "auto"
-    """auto: the tokenizer's own chat template (the built-in one if it has none); builtin."""
+    """auto: the tokenizer's own chat template (the built-in one if it has none); builtin:
+    always the built-in one (launcher/encode.py's BUILTIN_CHAT_TEMPLATE)."""
     eval_path: str = ""
     """Separate eval file; empty: hold out `eval_fraction` of `path`."""
     eval_fraction: float = 0.05
