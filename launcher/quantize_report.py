@@ -115,12 +115,7 @@ def run_scheme(
     clip_percentile: float | None, out_dir: Path, source: Path,
 ) -> dict[str, Any]:
     """Quantize, write, load back (what a user will load) and measure."""
-    from launcher.quantize import (
-        dir_size_bytes,
-        load_quantized,
-        quantize_model,
-        save_quantized,
-    )
+    from launcher.quantize import dir_size_bytes, load_quantized, quantize_model, save_quantized
 
     quantized, rows = quantize_model(model, scheme, granularity, clip_percentile)
     if out_dir.exists():
@@ -129,20 +124,12 @@ def run_scheme(
             "source": str(source)}
     save_quantized(model, tokenizer, quantized, out_dir, meta)
     loaded = load_quantized(out_dir)
-    mse = sum(r["mse"] * _numel(r["shape"]) for r in rows) / sum(_numel(r["shape"]) for r in rows)
-    return {
-        "scheme": scheme,
-        "granularity": granularity,
-        "mse": mse,
-        "max_abs_error": max(r["max_abs_error"] for r in rows),
-        "perplexity": perplexity(loaded, batches),
-        "size_bytes": dir_size_bytes(out_dir),
-        "layers": rows,
-    }
-
-
-def _numel(shape: list[int]) -> int:
-    return math.prod(shape)
+    sizes = [math.prod(r["shape"]) for r in rows]
+    return {"scheme": scheme, "granularity": granularity,
+            "mse": sum(r["mse"] * n for r, n in zip(rows, sizes, strict=True)) / sum(sizes),
+            "max_abs_error": max(r["max_abs_error"] for r in rows),
+            "perplexity": perplexity(loaded, batches), "size_bytes": dir_size_bytes(out_dir),
+            "layers": rows}
 
 
 def quantize(req: Request, as_json: bool) -> int:

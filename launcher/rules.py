@@ -351,17 +351,15 @@ def _yaml(value: bool) -> str:
     return "true" if value else "false"
 
 
-WRITTEN_NAMES = {
+WRITTEN_NAMES = {  # key: its root, where it goes, a plain name (the roots are the user's)
     "run.name": ("run.output_dir", "the run dir is run.output_dir/run.name/<time>", "my-run"),
-    "dataset.name": ("the data cache", "its folder is dataset.cache_dir/dataset.name-<key>",
-                     "my-data"),
+    "dataset.name": ("the data cache", "dataset.cache_dir/dataset.name-<key>", "my-data"),
 }
-"""The config values that become a folder of a written path (run.output_dir itself and
-dataset.cache_dir are the roots the user picks)."""
 
 
 def _plain_names(cfg: RunConfig) -> list[str]:
-    """A slash, `..` or an absolute path in a folder name would write outside its root."""
+    """A config value that becomes a folder of a written path stays one plain folder name: a
+    slash, `..` or an absolute path would write outside its root."""
     problems = []
     for key, (root, layout, example) in WRITTEN_NAMES.items():
         value = str(_get(cfg, key))

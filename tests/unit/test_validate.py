@@ -282,8 +282,8 @@ def test_names_that_become_folders_stay_inside_their_root(tmp_path: Path) -> Non
     assert problems == [
         "run.name='../x' leaves run.output_dir (the run dir is run.output_dir/run.name/<time>). "
         "Fix: a plain name such as run.name=x.",
-        "dataset.name='/tmp/data' leaves the data cache (its folder is "
-        "dataset.cache_dir/dataset.name-<key>). Fix: a plain name such as dataset.name=tmp-data.",
+        "dataset.name='/tmp/data' leaves the data cache (dataset.cache_dir/dataset.name-<key>). "
+        "Fix: a plain name such as dataset.name=tmp-data.",
     ]
     for name, plain in [("/abs/run", "abs-run"), ("a/b", "a-b"), ("..", "my-run"),
                         ("''", "my-run"), ("a/../../b", "a-b")]:
