@@ -246,7 +246,14 @@ def add_quantize_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # argparse fills a verb's positionals in one go, so overrides after an option
+    # (`ftl quantize DIR -o OUT dataset=chat`) come back unmatched: they are overrides too.
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(a.startswith("-") for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return VERBS[args.verb][1](args)
     except (ConfigError, DataError) as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
@@ -43,7 +44,28 @@ def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
     cfg = compose_dict(overrides)
     run_config = to_run_config(cfg)
+    notice = own_eval_set(run_config, overrides)
+    if notice:
+        print(f"ftl: {notice}", file=sys.stderr)
     return resolve_paths(run_config, Path.cwd())
+
+
+def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
+    """`dataset.path=FILE` without `dataset.eval_path`: the group's eval file belongs to the
+    group's data, not to FILE, so it is dropped and `dataset.eval_fraction` of FILE is held
+    out (as LLaMA-Factory's val_size and axolotl's val_set_size do). Returns the notice
+    saying what the run now evaluates on, or None when nothing changed."""
+    given = {_key(override) for override in overrides}
+    data = cfg.dataset
+    if "dataset.path" not in given or "dataset.eval_path" in given or not data.eval_path:
+        return None
+    dropped, data.eval_path = data.eval_path, ""
+    name = Path(data.path).name or data.path
+    what = (f"evaluating on {data.eval_fraction * 100:g}% of {name} "
+            f"(dataset.eval_fraction={data.eval_fraction:g})" if data.eval_fraction > 0
+            else "no eval set (dataset.eval_fraction=0)")
+    return (f"dataset.path={data.path}: {what}; the dataset group's eval file {dropped} "
+            "belongs to its own data. Set dataset.eval_path=FILE to evaluate on another file.")
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -160,7 +161,8 @@ def resume_source(cfg: RunConfig) -> Path | None:
 
 def output_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
     """run.output_dir can be created and written, and its filesystem holds the checkpoints
-    the run keeps plus its final model (sizes: launcher/disk.py)."""
+    the run keeps plus its final model (sizes: launcher/disk.py). With run.force=true too
+    little space is a warning printed here: the user asked to try anyway."""
     key = f"run.output_dir={cfg.run.output_dir}"
     base = _nearest_existing(Path(cfg.run.output_dir))
     if not base.is_dir():
@@ -177,14 +179,18 @@ def output_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
         return []
     gib = 1024**3
     at_least = "" if need.exact else "at least "
-    return [
+    problem = (
         f"{key}: {free / gib:.2f} GiB free on its filesystem ({base}); the run needs "
         f"{at_least}{need.total_bytes / gib:.2f} GiB: {need.checkpoints} checkpoint(s) of "
         f"{need.checkpoint_bytes / gib:.2f} GiB (train.save_total_limit="
         f"{cfg.train.save_total_limit}) and the final model, {need.final_model_bytes / gib:.2f}"
         " GiB. Fix: free space, another run.output_dir, or fewer kept checkpoints "
-        "(train.save_total_limit=2)."
-    ]
+        "(train.save_total_limit=2)"
+    )
+    if cfg.run.force:
+        print(f"ftl: warning (run.force=true, going ahead): {problem}.", file=sys.stderr)
+        return []
+    return [problem + ", or run.force=true to try anyway."]
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -4,10 +4,10 @@ Every Linear layer's weight is quantized (launcher/quantize.py: absmax, zero-poi
 clipping, per tensor or per channel); embeddings and norms stay in full precision. The
 verb prints a per-layer table (scale, zero point, MSE, max abs error, clipped share), the
 eval perplexity before and after on the `dataset` group's eval split (the bundled one by
-default), and the size on disk before and after. `--compare` runs every scheme at both
-granularities and ranks them by perplexity; it writes the best. On CPU the written
-directory is dequantized when loaded (`ftl chat` and `load_quantized` do that): the saving
-is on disk, not in compute.
+default; the overrides pass the validation stage first), and the size on disk before and
+after. `--compare` runs every scheme at both granularities and ranks them by perplexity;
+it writes the best. On CPU the written directory is dequantized when loaded (`ftl chat`
+and `load_quantized` do that): the saving is on disk, not in compute.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launcher.schema import RunConfig
 
 EVAL_BATCH = 8
 SCHEMES = ("absmax", "zeropoint", "clip")
@@ -38,15 +41,27 @@ class Request:
     overrides: list[str]
 
 
-def check_request(req: Request) -> None:
-    """Every problem with the request in one ConfigError, before any work."""
+def check_request(req: Request) -> RunConfig:
+    """Every problem with the request and its overrides in one ConfigError, before any work;
+    the overrides pass the validation stage as `ftl preprocess`'s (the config rules, the
+    data's sources and rows), since the verb reads the same data."""
     from launcher.chat import check_causal_lm_dir
+    from launcher.compose import compose_config
+    from launcher.validate import validate
 
-    problems = []
+    problems, cfg = [], None
     try:
         check_causal_lm_dir(req.model_dir)
     except ConfigError as error:
         problems += error.problems
+    try:
+        cfg = validate(compose_config(req.overrides), "preprocess").cfg
+    except ConfigError as error:
+        problems += error.problems
+    if cfg is not None and not cfg.dataset.eval_path and cfg.dataset.eval_fraction == 0:
+        problems.append("dataset.eval_fraction=0 and no dataset.eval_path: the perplexity "
+                        "is measured on the eval split, and there is none. Fix: "
+                        "dataset.eval_fraction=0.05 or dataset.eval_path=FILE.")
     if req.clip_percentile is not None and not 50 < req.clip_percentile < 100:
         problems.append(
             f"--clip-percentile {req.clip_percentile:g}: must be in (50, 100), the share of "
@@ -61,18 +76,16 @@ def check_request(req: Request) -> None:
         problems.append(f"-o {req.out_dir}: is the input model. Fix: another directory.")
     if problems:
         raise ConfigError(problems)
+    assert cfg is not None
+    return cfg
 
 
-def eval_batches(overrides: list[str], tokenizer: Any) -> list[dict[str, Any]]:
+def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """The `dataset` group's eval split, tokenized like training data, in batches."""
-    from launcher.compose import compose_config
     from launcher.data import collator, encode, encoder_for, split_records
 
-    cfg = compose_config(overrides)
     _, evaluation, source = split_records(cfg)
-    if evaluation is None:
-        raise ConfigError("dataset: no eval split (dataset.eval_path is empty and "
-                          "dataset.eval_fraction=0). Fix: set one of them.")
+    assert evaluation is not None  # check_request refuses a config without an eval split
     encoder = encoder_for(cfg, tokenizer, evaluation.column_names)
     rows = list(encode(evaluation, encoder, f"{source} (eval)", None, progress=False))
     collate = collator(tokenizer)
@@ -102,12 +115,7 @@ def run_scheme(
     clip_percentile: float | None, out_dir: Path, source: Path,
 ) -> dict[str, Any]:
     """Quantize, write, load back (what a user will load) and measure."""
-    from launcher.quantize import (
-        dir_size_bytes,
-        load_quantized,
-        quantize_model,
-        save_quantized,
-    )
+    from launcher.quantize import dir_size_bytes, load_quantized, quantize_model, save_quantized
 
     quantized, rows = quantize_model(model, scheme, granularity, clip_percentile)
     if out_dir.exists():
@@ -116,20 +124,12 @@ def run_scheme(
             "source": str(source)}
     save_quantized(model, tokenizer, quantized, out_dir, meta)
     loaded = load_quantized(out_dir)
-    mse = sum(r["mse"] * _numel(r["shape"]) for r in rows) / sum(_numel(r["shape"]) for r in rows)
-    return {
-        "scheme": scheme,
-        "granularity": granularity,
-        "mse": mse,
-        "max_abs_error": max(r["max_abs_error"] for r in rows),
-        "perplexity": perplexity(loaded, batches),
-        "size_bytes": dir_size_bytes(out_dir),
-        "layers": rows,
-    }
-
-
-def _numel(shape: list[int]) -> int:
-    return math.prod(shape)
+    sizes = [math.prod(r["shape"]) for r in rows]
+    return {"scheme": scheme, "granularity": granularity,
+            "mse": sum(r["mse"] * n for r, n in zip(rows, sizes, strict=True)) / sum(sizes),
+            "max_abs_error": max(r["max_abs_error"] for r in rows),
+            "perplexity": perplexity(loaded, batches), "size_bytes": dir_size_bytes(out_dir),
+            "layers": rows}
 
 
 def quantize(req: Request, as_json: bool) -> int:
@@ -139,9 +139,9 @@ def quantize(req: Request, as_json: bool) -> int:
     from launcher.chat import load_for_inference
     from launcher.quantize import dir_size_bytes
 
-    check_request(req)
+    cfg = check_request(req)
     model, tokenizer = load_for_inference(req.model_dir)
-    batches = eval_batches(req.overrides, tokenizer)
+    batches = eval_batches(cfg, tokenizer)
     baseline = {"perplexity": perplexity(model, batches),
                 "size_bytes": dir_size_bytes(req.model_dir)}
     combos = ([(s, g) for s in SCHEMES for g in GRANULARITIES] if req.compare

@@ -38,7 +38,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node,
+        _multi_node, _plain_names,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -349,3 +349,28 @@ def _module_exists(module: str) -> bool:
 
 def _yaml(value: bool) -> str:
     return "true" if value else "false"
+
+
+WRITTEN_NAMES = {  # key: its root, where it goes, a plain name (the roots are the user's)
+    "run.name": ("run.output_dir", "the run dir is run.output_dir/run.name/<time>", "my-run"),
+    "dataset.name": ("the data cache", "dataset.cache_dir/dataset.name-<key>", "my-data"),
+}
+
+
+def _plain_names(cfg: RunConfig) -> list[str]:
+    """A config value that becomes a folder of a written path stays one plain folder name: a
+    slash, `..` or an absolute path would write outside its root."""
+    problems = []
+    for key, (root, layout, example) in WRITTEN_NAMES.items():
+        value = str(_get(cfg, key))
+        parts = value.split("/")
+        if value.startswith("/") or ".." in parts:
+            reason = "leaves"
+        elif len(parts) > 1 or value in ("", "."):
+            reason = "is not one folder in"
+        else:
+            continue
+        plain = "-".join(part for part in parts if part not in ("", ".", "..")) or example
+        problems.append(f"{key}={value!r} {reason} {root} ({layout}). "
+                        f"Fix: a plain name such as {key}={plain}.")
+    return problems

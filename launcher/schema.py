@@ -301,7 +301,8 @@ class RunSection:
     resume: str = "auto"
     """auto (last complete checkpoint of this run), never, or a checkpoint PATH."""
     force: bool = False
-    """Launch even when the plan says the run will not fit."""
+    """Launch even when the plan says the run will not fit; too little disk space in
+    run.output_dir is then a printed warning, not a refusal."""
 
 
 @dataclass

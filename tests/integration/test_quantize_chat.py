@@ -109,9 +109,12 @@ def test_chat_prints_the_greedy_reply_before_and_after_quantization(
 
 
 def test_single_scheme_prints_layers_perplexity_and_size(model_dir: Path, tmp_path: Path) -> None:
+    # An override after the options, validated, and the eval split it implies said aloud.
     done = ftl("quantize", str(model_dir), "-o", str(tmp_path / "q"), "--scheme", "clip",
-               "--granularity", "tensor", "--clip-percentile", "99.5")
+               "--granularity", "tensor", "--clip-percentile", "99.5",
+               "dataset.path=data/arith/eval.jsonl")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "evaluating on 5% of eval.jsonl (dataset.eval_fraction=0.05)" in done.stderr
     text = done.stdout
     assert "model.layers.0.self_attn.q_proj.weight" in text and "lm_head.weight" in text
     assert "embed_tokens" not in text.split("baseline")[0]  # embeddings stay full precision

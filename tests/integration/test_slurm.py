@@ -44,8 +44,9 @@ from launcher.submit import cancel, status, submit_one, with_slurm_default
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-HOSTILE = "x'; touch /tmp/owned #"
-OWNED = Path("/tmp/owned")
+# No slash: a run name is one folder of run.output_dir (rules._plain_names refuses others).
+HOSTILE = "x'; cd; touch ftl-owned #"
+OWNED = Path.home() / "ftl-owned"
 STEPS = 6
 # Few optimizer steps of the tiny model; no periodic checkpoint, so the only checkpoint
 # before the end of a preempted run is the one the preemption forced.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launcher.compose import compose_config
@@ -57,3 +59,26 @@ def test_local_paths_become_absolute() -> None:
     cfg = compose_config([])
     assert cfg.dataset.path.startswith("/") and cfg.dataset.path.endswith("train.jsonl")
     assert cfg.run.output_dir.startswith("/")
+
+
+def test_own_data_is_evaluated_on_a_share_of_itself_not_on_the_groups_eval_file(
+    tmp_path, capsys
+) -> None:
+    from launcher.data import split_records
+
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(40)]
+    mine = tmp_path / "my.jsonl"
+    mine.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = compose_config([f"dataset.path={mine}"])  # the default group arith has an eval file
+    assert cfg.dataset.eval_path == "" and cfg.dataset.eval_fraction == 0.05
+    notice = capsys.readouterr().err
+    assert "evaluating on 5% of my.jsonl (dataset.eval_fraction=0.05)" in notice
+    assert "data/arith/eval.jsonl" in notice and "dataset.eval_path=FILE" in notice
+    # Not overridden, or an eval file given too: that eval file stays, and nothing is said.
+    assert compose_config([]).dataset.eval_path.endswith("data/arith/eval.jsonl")
+    both = compose_config([f"dataset.path={mine}", f"dataset.eval_path={mine}"])
+    assert both.dataset.eval_path == str(mine)
+    assert capsys.readouterr().err == ""
+    train, held_out, _ = split_records(cfg)
+    assert held_out is not None and len(held_out) == 2 and len(train) == 38
+    assert set(held_out["instruction"]) < {row["instruction"] for row in rows}

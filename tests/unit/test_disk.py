@@ -65,15 +65,24 @@ def small_filesystem(tmpfs):
     return tmpfs("1m")
 
 
-def test_a_filesystem_too_small_for_the_checkpoints_is_refused(small_filesystem: Path):
+def test_a_filesystem_too_small_for_the_checkpoints_is_refused_unless_forced(
+    small_filesystem: Path, capsys
+):
     # tiny Llama: ~0.2M parameters, 2 checkpoints of ~2 MiB each; 1 MiB cannot hold them.
+    overrides = [f"run.output_dir={small_filesystem / 'runs'}", "train.max_steps=8",
+                 "train.save_steps=4"]
     with pytest.raises(ConfigError) as error:
-        check([f"run.output_dir={small_filesystem / 'runs'}", "train.max_steps=8",
-               "train.save_steps=4"], "train")
+        check(overrides, "train")
     message = str(error.value)
     assert f"run.output_dir={small_filesystem / 'runs'}" in message
     assert "GiB free on its filesystem" in message and "2 checkpoint(s)" in message
+    assert "or run.force=true to try anyway" in message
     assert not any(small_filesystem.iterdir())  # nothing written
+    capsys.readouterr()
+    assert check([*overrides, "run.force=true"], "train").cfg.run.force
+    warning = capsys.readouterr().err
+    assert warning.startswith("ftl: warning (run.force=true, going ahead): run.output_dir=")
+    assert "GiB free on its filesystem" in warning and "2 checkpoint(s)" in warning
 
 
 # --- save time against the signal's grace time (ftl submit) --------------------------

@@ -274,3 +274,20 @@ def test_every_problem_is_reported_at_once() -> None:
     for key in ("precision=fp16", "train.lr=0", "cluster.launcher=deepspeed",
                 "train.micro_batch_size=0"):
         assert key in text
+
+
+def test_names_that_become_folders_stay_inside_their_root(tmp_path: Path) -> None:
+    problems = problems_for(
+        ["run.name=../x", "dataset.name=/tmp/data", f"run.output_dir={tmp_path}"], "train")
+    assert problems == [
+        "run.name='../x' leaves run.output_dir (the run dir is run.output_dir/run.name/<time>). "
+        "Fix: a plain name such as run.name=x.",
+        "dataset.name='/tmp/data' leaves the data cache (dataset.cache_dir/dataset.name-<key>). "
+        "Fix: a plain name such as dataset.name=tmp-data.",
+    ]
+    for name, plain in [("/abs/run", "abs-run"), ("a/b", "a-b"), ("..", "my-run"),
+                        ("''", "my-run"), ("a/../../b", "a-b")]:
+        message = only_problem([f"run.name={name}"])
+        assert f"Fix: a plain name such as run.name={plain}." in message, message
+    validate(compose_config(["run.name=my.run-2", f"run.output_dir={tmp_path}"]), "plan")
+    assert not any(tmp_path.iterdir())
