@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from launcher.slurm import scancel, show_job
-from launcher.submit import cancel, status, submit_one, with_slurm_default
+from launcher.slurm.client import scancel, show_job
+from launcher.submit import cancel, check_jobs, status, submit_checked, with_default_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -149,9 +149,10 @@ def slurm() -> None:
 
 def submit_job(overrides: list[str]) -> Job:
     """`ftl submit`'s own path, from the project root (where the job's ranks start)."""
-    job = with_slurm_default([*overrides, f"cluster.master_port={free_port()}"])
+    job = with_default_cluster([*overrides, f"cluster.master_port={free_port()}"])
     with redirect_stdout(StringIO()), contextlib.chdir(ROOT):
-        run_dir, job_id = submit_one(job, dry_run=False)
+        (checked,) = check_jobs([job])
+        run_dir, job_id = submit_checked(checked, job, dry_run=False)
     assert job_id is not None
     return Job(job_id, run_dir)
 
