@@ -1,5 +1,4 @@
-"""What a run writes to disk: checkpoint and final-model sizes (the pre-flight check) and how
-long a save takes (the grace time a scheduler's stop signal must leave).
+"""What a run writes to disk: checkpoint and final-model sizes, for the pre-flight check.
 
 Pure. A checkpoint holds the trainable weights in the model's dtype (LoRA: only the
 adapter), AdamW's two fp32 moments per trainable parameter and, under DeepSpeed, the
@@ -78,15 +77,6 @@ def save_time_estimate(cfg: RunConfig, params: int, trainable: int) -> SaveTime:
     size = checkpoint_bytes(cfg, params, trainable)
     return SaveTime(size / WRITE_BYTES_PER_S,
                     f"estimated: {size / 1e9:.2f} GB at {WRITE_BYTES_PER_S / 1e6:.0f} MB/s")
-
-
-def expected_save_time(
-    cfg: RunConfig, params: int, trainable: int, resume_from: Path | None
-) -> SaveTime:
-    """The last save measured by the run this launch resumes (its checkpoint's run dir),
-    else the estimate from the checkpoint's size."""
-    measured = measured_save_time(resume_from.parent.parent) if resume_from else None
-    return measured or save_time_estimate(cfg, params, trainable)
 
 
 def measured_save_time(run_dir: Path) -> SaveTime | None:

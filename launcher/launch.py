@@ -49,12 +49,12 @@ def prepare(overrides: list[str], target: Target) -> Prepared:
 
 def write_run(checked: Checked, overrides: list[str]) -> Prepared:
     """The plan's run dir, written in one atomic step (with the job script for submit)."""
-    prepared = plan_run(checked, overrides)
+    prepared = build_run(checked, overrides)
     write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
     return prepared
 
 
-def plan_run(checked: Checked, overrides: list[str]) -> Prepared:
+def build_run(checked: Checked, overrides: list[str]) -> Prepared:
     """The run dir's path and files, the job script's included; writes nothing."""
     timing.mark("data_ready")  # `ftl train` prepares the tokenized data after check()
     plan = make_plan(checked)

@@ -96,7 +96,7 @@ def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
-    from launcher.launch import plan_run, write_run
+    from launcher.launch import build_run, write_run
 
     for warning in checked.warnings:
         print(f"ftl submit: warning: {warning}", file=sys.stderr, flush=True)
@@ -104,7 +104,7 @@ def submit_checked(
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     name = job_script_name(scheduler.name)
     if dry_run:
-        return _dry_run(plan_run(checked, overrides), name), None
+        return _dry_run(build_run(checked, overrides), name), None
     run_dir = RunDir(write_run(checked, overrides).run_dir)
     job_id = scheduler.submit(run_dir / name)
     write_file_atomic(run_dir.job_id, job_id + "\n")

@@ -100,11 +100,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
-    here = preflight.output_problems(cfg, checked.estimate)
-    if dry_run:
-        checked.warnings += here
-    else:
-        problems += here
+    here = preflight.output_problems(cfg, checked.estimate)  # this machine's, not the job's
+    (checked.warnings if dry_run else problems).extend(here)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
     if checked.target == "submit" and not problems:  # (its scheduler is a registered one)
@@ -125,14 +122,15 @@ def _scheduler_problems(cfg: RunConfig) -> list[str]:
 
 
 def _scheduler_warnings(checked: Checked) -> list[str]:
-    """The scheduler's warnings, given the save time of a checkpoint of this run."""
-    from launcher.disk import expected_save_time
+    """Given a checkpoint's save time: measured by the run this one resumes, else estimated."""
+    from launcher.disk import measured_save_time, save_time_estimate
     from launcher.scheduler import get_scheduler
 
-    cfg, est = checked.cfg, checked.estimate
+    cfg, est, resume = checked.cfg, checked.estimate, checked.resume_from
     if est is None:
         return []
-    save = expected_save_time(cfg, est.params, est.trainable_params, checked.resume_from)
+    measured = measured_save_time(resume.parent.parent) if resume is not None else None
+    save = measured or save_time_estimate(cfg, est.params, est.trainable_params)
     return get_scheduler(cfg.cluster.scheduler).warnings(cfg, save)
 
 

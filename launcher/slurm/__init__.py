@@ -7,10 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launcher.command import Launch
-from launcher.disk import SaveTime
 from launcher.scheduler import JobInfo
-from launcher.schema import RunConfig
 from launcher.slurm.client import sbatch, scancel, show_job
 from launcher.slurm.rules import grace_warnings, slurm_problems
 from launcher.slurm.script import render_sbatch
@@ -21,22 +18,14 @@ class SlurmScheduler:
 
     name = "slurm"
 
-    def problems(self, cfg: RunConfig) -> list[str]:
-        return slurm_problems(cfg)
-
-    def warnings(self, cfg: RunConfig, save: SaveTime) -> list[str]:
-        return grace_warnings(cfg, save)
+    problems = staticmethod(slurm_problems)
+    warnings = staticmethod(grace_warnings)
+    render = staticmethod(render_sbatch)
+    submit = staticmethod(sbatch)
+    cancel = staticmethod(scancel)
 
     def is_job_id(self, text: str) -> bool:
         return text.replace("_", "").isdigit()  # 1234, or 1234_5 for an array task
-
-    def render(
-        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
-    ) -> str:
-        return render_sbatch(cfg, run_dir, launch, tool_dir=tool_dir)
-
-    def submit(self, script: Path) -> str:
-        return sbatch(script)
 
     def status(self, job_id: str) -> JobInfo | None:
         info = show_job(job_id)
@@ -54,9 +43,6 @@ class SlurmScheduler:
             script=Path(command) if command.startswith("/") else None,
             running=info.get("JobState") == "RUNNING",
         )
-
-    def cancel(self, job_id: str) -> None:
-        scancel(job_id)
 
     def cancel_command(self, job_id: str) -> str:
         return f"scancel {shlex.quote(job_id)}"

@@ -46,12 +46,7 @@ def parse_scontrol(line: str) -> dict[str, str]:
     return dict(piece.split("=", 1) for piece in pieces if "=" in piece)
 
 
-def scancel(job_id: str, signal: str | None = None, batch_only: bool = False) -> None:
-    argv = ["scancel"]
-    if batch_only:
-        argv.append("--batch")
-    if signal:
-        argv.append(f"--signal={signal}")
-    done = _run([*argv, job_id])
+def scancel(job_id: str) -> None:
+    done = _run(["scancel", job_id])
     if done.returncode != 0:
         raise ConfigError(f"scancel {job_id}: {done.stderr.strip()}")

@@ -68,22 +68,11 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def log_paths(run_dir: str | Path, escape: bool = False) -> tuple[str, str]:
-    """The batch script's stdout/stderr, with sbatch's %j (job id) pattern.
-
-    escape: for the #SBATCH line, where sbatch expands %j, %x, ...: a literal % in the run
-    dir must be %%.
-    """
-    logs = str(Path(run_dir) / LOGS)
-    if escape:
-        logs = logs.replace("%", "%%")
-    return f"{logs}/slurm-%j.out", f"{logs}/slurm-%j.err"
-
-
 def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     """The #SBATCH lines, every value quoted for sbatch's own parser."""
     cluster = cfg.cluster
-    out, err = log_paths(run_dir, escape=True)
+    # sbatch expands %j (the job id), %x, ... in --output: a literal % in the run dir is %%.
+    logs = str(Path(run_dir) / LOGS).replace("%", "%%")
     pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
     for flag, value in (
         ("--partition", cluster.slurm.partition),
@@ -105,8 +94,8 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     if cluster.slurm.mem:
         pairs.append(("--mem", cluster.slurm.mem))
     pairs += [
-        ("--output", out),
-        ("--error", err),
+        ("--output", f"{logs}/slurm-%j.out"),
+        ("--error", f"{logs}/slurm-%j.err"),
         ("--open-mode", "append"),  # a requeued job keeps its earlier output
         ("--requeue", None),
         ("--signal", f"B:USR1@{cluster.slurm.signal_grace_s}"),
@@ -119,7 +108,7 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
 
 
 def render_sbatch(
-    cfg: RunConfig, run_dir: str | Path, launch: Launch, *, tool_dir: str | Path | None = None
+    cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
 ) -> str:
     """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
 

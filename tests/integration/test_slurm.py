@@ -246,7 +246,8 @@ def time_limit_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
         subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "TimeLimit=30"],
                        check=True, capture_output=True, timeout=60)
         wait_for_text(job.out, f"ftl: job {job.job_id} (restart 1)", timeout_s=600)
-        scancel(job.job_id, signal="USR1", batch_only=True)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job.job_id], check=True,
+                       capture_output=True, timeout=60)
 
     job.drive(steps)
     yield job
@@ -377,7 +378,8 @@ def test_step_sigterm_checkpoints_requeues_and_resumes(sigterm_job: Job, referen
     task turns it into a stop request, its launcher is spared, the job requeues itself."""
     job = sigterm_job
     wait_until_waiting(job)
-    scancel(job.job_id, signal="TERM")
+    subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True, capture_output=True,
+                   timeout=60)
     info = job.ended()
     assert_completed(job, info)
     log = job.out.read_text()
