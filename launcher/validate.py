@@ -104,7 +104,7 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     (checked.warnings if dry_run else problems).extend(here)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
-    if checked.target == "submit" and not problems:  # (its scheduler is a registered one)
+    if checked.target == "submit" and not problems:  # not for an unregistered scheduler
         checked.warnings += _scheduler_warnings(checked)
     return problems + _fit_problems(checked)
 
