@@ -59,8 +59,7 @@ class Scheduler(Protocol):
 
     def warnings(self, cfg: RunConfig, save: SaveTime) -> list[str]:
         """Risks the user may take, each naming key, value and fix; e.g. a stop signal whose
-        grace time cannot cover `save` (measured on the run this one resumes, else
-        estimated from the checkpoint's size: launcher/disk.py)."""
+        grace time cannot cover `save` (measured on the resumed run, else estimated)."""
         ...
 
     def is_job_id(self, text: str) -> bool:

@@ -6,8 +6,7 @@ strategy=auto, runs the strategy rules on the strategy the run will really use, 
 checks of the target: this machine for `ftl train` (launcher/preflight.py), the scheduler's
 own rules and warnings for `ftl submit`, the checkpoint a launch would resume from, and
 whether the plan fits. All problems go into one ConfigError; nothing is written before it
-passes. Warnings (risks the user may take) come back in `Checked.warnings`, for the verb to
-print before it writes anything.
+passes. Risks the user may take come back in `Checked.warnings`.
 """
 
 from __future__ import annotations
@@ -49,12 +48,8 @@ class Checked:
 
 
 def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
-    """Raise one ConfigError listing every problem; else what the planner needs.
-
-    dry_run (`ftl submit --dry-run`): the checks of the machine the command runs on (the
-    output dir's free space, its being writable here) become warnings; the config's and the
-    data's problems still refuse.
-    """
+    """Raise one ConfigError listing every problem; else what the planner needs. dry_run
+    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings."""
     problems = config_problems(cfg)
     checked = Checked(cfg=cfg, target=target)
     if target == "preprocess":
