@@ -30,11 +30,14 @@ class Prepared:
     plan: Plan
     run_dir: Path
     launch: Launch
+    files: dict[str, str]
+    """Run-dir file name -> text."""
+    executable: tuple[str, ...]
 
 
-def check(overrides: list[str], target: Target) -> Checked:
+def check(overrides: list[str], target: Target, *, dry_run: bool = False) -> Checked:
     """Compose and validate (every problem in one ConfigError); writes nothing."""
-    checked = validate(compose_config(overrides), target)
+    checked = validate(compose_config(overrides), target, dry_run=dry_run)
     timing.mark("validated")
     return checked
 
@@ -46,6 +49,13 @@ def prepare(overrides: list[str], target: Target) -> Prepared:
 
 def write_run(checked: Checked, overrides: list[str]) -> Prepared:
     """The plan's run dir, written in one atomic step (with the job script for submit)."""
+    prepared = build_run(checked, overrides)
+    write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
+    return prepared
+
+
+def build_run(checked: Checked, overrides: list[str]) -> Prepared:
+    """The run dir's path and files, the job script's included; writes nothing."""
     timing.mark("data_ready")  # `ftl train` prepares the tokenized data after check()
     plan = make_plan(checked)
     cfg = plan.cfg
@@ -66,8 +76,7 @@ def write_run(checked: Checked, overrides: list[str]) -> Prepared:
     if plan.resume_from is not None:
         print(f"ftl: run.resume={cfg.run.resume} continues from {plan.resume_from}",
               file=sys.stderr)
-    write_run_dir(run_dir, files, executable=tuple(executable))
-    return Prepared(plan, run_dir, launch)
+    return Prepared(plan, run_dir, launch, files, tuple(executable))
 
 
 def run_local(prepared: Prepared) -> int:

@@ -1,6 +1,6 @@
 """Stop at a step boundary with a complete checkpoint when the Slurm job asks for it.
 
-The job's USR1 trap (launcher/slurm.py) touches RUN_DIR/preempt.requested. A file, not a
+The job's USR1 trap (launcher/slurm/script.py) touches RUN_DIR/preempt.requested. A file, not a
 signal: `--signal=B:USR1` reaches only the batch shell, and whatever sits between srun and
 the ranks (torchrun's agent, the deepspeed launcher) would otherwise have to forward it.
 Every rank polls the file at the same step ends; the ranks then agree with an all-reduce

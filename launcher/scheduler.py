@@ -1,10 +1,11 @@
 """The seam for batch schedulers: what `ftl submit`, `ftl status` and `ftl cancel` need.
 
-A scheduler is one module with one class implementing `Scheduler`, registered by name in
-SCHEDULERS (imported lazily, so `ftl plan` loads none of them). `cluster.scheduler` picks
-it; its own settings live in its own config section (Slurm: `cluster.slurm.*`). Slurm is
-the first implementation (launcher/slurm.py); PBS, LSF or Kubernetes would each be one
-more module here, and nothing else changes.
+A scheduler is one module (or package) with one class implementing `Scheduler`, registered
+by name in SCHEDULERS (imported lazily, so `ftl plan` loads none of them).
+`cluster.scheduler` picks it; its own settings live in its own config section, read only by
+it. Its rules and warnings run in the one validation stage (launcher/validate.py); job ids
+are its own opaque strings. PBS, LSF or Kubernetes would each be one more entry here, and
+nothing else changes.
 
 A running job is stopped through its run dir, not the scheduler (`ftl cancel`): the job
 script must end without resubmitting itself when RUN_DIR/cancel.requested exists, and
@@ -19,12 +20,16 @@ from pathlib import Path
 from typing import Protocol
 
 from launcher.command import Launch
+from launcher.disk import SaveTime
 from launcher.schema import RunConfig
 
 SCHEDULERS: dict[str, str] = {
     "slurm": "launcher.slurm:SlurmScheduler",
 }
 """cluster.scheduler value -> "module:Class"."""
+DEFAULT_SCHEDULER = next(iter(SCHEDULERS))
+"""The first entry: a bare `ftl submit` uses its cluster preset (configs/cluster/<name>.yaml,
+named like the scheduler), and a bare job id is its job."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,15 @@ class Scheduler(Protocol):
 
     def problems(self, cfg: RunConfig) -> list[str]:
         """Rules for a batch job on this scheduler, each naming key, value and fix."""
+        ...
+
+    def warnings(self, cfg: RunConfig, save: SaveTime) -> list[str]:
+        """Risks the user may take, each naming key, value and fix; e.g. a stop signal whose
+        grace time cannot cover `save` (measured on the resumed run, else estimated)."""
+        ...
+
+    def is_job_id(self, text: str) -> bool:
+        """Whether `ftl status TEXT` / `ftl cancel TEXT` names one of its jobs."""
         ...
 
     def render(

@@ -162,7 +162,7 @@ class StrategyConfig:
 
 @dataclass
 class SlurmConfig:
-    """Slurm's own settings (`cluster.slurm.*`), read only by launcher/slurm.py."""
+    """Slurm's own settings (`cluster.slurm.*`), read only by launcher/slurm/."""
 
     partition: str = ""
     """sbatch --partition; empty: the cluster's default partition."""

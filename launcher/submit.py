@@ -4,39 +4,40 @@
 submit: compose + validate every job first (a sweep submits nothing unless every
 combination is valid), then per job: write the run dir with its job script in one atomic
 step (launch.write_run), submit it (not with --dry-run), record the job id, print job id,
-run dir and log paths. A bare `ftl submit` means cluster=slurm.
+run dir and log paths. A bare `ftl submit` uses the default scheduler's cluster preset
+(launcher/scheduler.py). --dry-run prints the job script even where this machine could not
+hold the run (its checks become warnings).
 Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
 parser and BasicSweeper), one job per combination.
 
 cancel: a running job stops for good after a checkpoint: RUN_DIR/cancel.requested, then
 preempt.requested, which the ranks poll; the job script then exits STOPPED_EXIT (75)
-without requeueing (launcher/slurm.py). A pending job is cancelled by the scheduler.
+without requeueing. A pending job is cancelled by the scheduler.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import launcher.scheduler
 from launcher.errors import ConfigError
-from launcher.rundir import RunDir, job_script_name, write_file_atomic
+from launcher.rundir import RunDir, job_script_name, write_file_atomic, write_run_dir
 from launcher.scheduler import SCHEDULERS, JobInfo, Scheduler, get_scheduler
 from launcher.supervise import STOPPED_EXIT
 
 if TYPE_CHECKING:
+    from launcher.launch import Prepared
     from launcher.validate import Checked
-
-DEFAULT_SCHEDULER = "slurm"
 
 
 def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) -> int:
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
-    jobs = [with_slurm_default(job) for job in jobs]
-    checked = check_jobs(jobs)
+    jobs = [with_default_cluster(job) for job in jobs]
+    checked = check_jobs(jobs, dry_run)
     for index, (job, job_checked) in enumerate(zip(jobs, checked, strict=True)):
         if len(jobs) > 1:
             print(f"# job {index + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
@@ -44,10 +45,11 @@ def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) 
     return 0
 
 
-def with_slurm_default(overrides: list[str]) -> list[str]:
-    """`ftl submit` / `make submit` without a cluster= choice means cluster=slurm."""
+def with_default_cluster(overrides: list[str]) -> list[str]:
+    """`ftl submit` / `make submit` without a cluster= choice: the default scheduler's."""
     chosen = any(o.split("=", 1)[0].lstrip("+~") == "cluster" for o in overrides if "=" in o)
-    return overrides if chosen else ["cluster=slurm", *overrides]
+    default = launcher.scheduler.DEFAULT_SCHEDULER  # its preset: configs/cluster/<name>.yaml
+    return overrides if chosen else [f"cluster={default}", *overrides]
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
@@ -63,7 +65,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(job) for batch in batches for job in batch]
 
 
-def check_jobs(jobs: list[list[str]]) -> list[Checked]:
+def check_jobs(jobs: list[list[str]], dry_run: bool = False) -> list[Checked]:
     """Every problem of every job in one ConfigError, before anything is written."""
     from launcher.launch import check
 
@@ -72,7 +74,7 @@ def check_jobs(jobs: list[list[str]]) -> list[Checked]:
     for job in jobs:
         prefix = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
         try:
-            checked.append(check(job, "submit"))
+            checked.append(check(job, "submit", dry_run=dry_run))
         except ConfigError as error:
             problems += [prefix + problem for problem in error.problems]
     if problems:
@@ -90,51 +92,26 @@ def _data_notice(checked: Checked) -> None:
               "overrides does it here first.", file=sys.stderr)
 
 
-def _grace_notice(checked: Checked) -> None:
-    """Warn when the signal's grace time may not cover one step and a checkpoint save: the
-    save time measured on the run this one resumes, else estimated from its size."""
-    from launcher.disk import measured_save_time, save_time_estimate
-
-    cfg, est = checked.cfg, checked.estimate
-    if cfg.cluster.scheduler != "slurm" or est is None:
-        return
-    measured = None
-    if checked.resume_from is not None:
-        measured = measured_save_time(checked.resume_from.parent.parent)
-    save = measured or save_time_estimate(cfg, est.params, est.trainable_params)
-    grace = cfg.cluster.slurm.signal_grace_s
-    if save.seconds <= grace:
-        return
-    suggested = int(math.ceil(2 * save.seconds / 60.0)) * 60
-    print(f"ftl submit: warning: cluster.slurm.signal_grace_s={grace} may be too short: saving "
-          f"a checkpoint takes about {save.seconds:.0f} s ({save.source}), plus up to one "
-          "step to reach a step boundary; a stop that runs out of grace is killed and loses "
-          f"the steps since the last checkpoint. Fix: cluster.slurm.signal_grace_s="
-          f"{suggested}.", file=sys.stderr)
-
-
 def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
-    from launcher.launch import write_run
+    from launcher.launch import build_run, write_run
 
-    prepared = write_run(checked, overrides)
+    for warning in checked.warnings:
+        print(f"ftl submit: warning: {warning}", file=sys.stderr, flush=True)
     _data_notice(checked)
-    _grace_notice(checked)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
-    run_dir = RunDir(prepared.run_dir)
-    script = run_dir / job_script_name(scheduler.name)
+    name = job_script_name(scheduler.name)
     if dry_run:
-        print(script.read_text(), end="")
-        print(f"# dry run: not submitted. run dir: {run_dir.path}\n# the job script: {script}")
-        return run_dir.path, None
-    job_id = scheduler.submit(script)
+        return _dry_run(build_run(checked, overrides), name), None
+    run_dir = RunDir(write_run(checked, overrides).run_dir)
+    job_id = scheduler.submit(run_dir / name)
     write_file_atomic(run_dir.job_id, job_id + "\n")
     print(
         f"ftl submit: job {job_id}\n"
         f"  run dir: {run_dir.path}\n"
-        f"  script:  {script}\n"
+        f"  script:  {run_dir / name}\n"
         f"  logs:    {run_dir.logs} (the job's output and each rank's)\n"
         f"  watch:   ftl status {job_id}    stop: ftl cancel {job_id}",
         flush=True,
@@ -142,10 +119,18 @@ def submit_checked(
     return run_dir.path, job_id
 
 
-def submit_one(overrides: list[str], dry_run: bool) -> tuple[Path, str | None]:
-    """Check, write and submit one job."""
-    (checked,) = check_jobs([overrides])
-    return submit_checked(checked, overrides, dry_run)
+def _dry_run(prepared: Prepared, name: str) -> Path:
+    """Print the job script; write the run dir where this machine can (`ftl status` then
+    reads it), and say so where it cannot: the script is what the user asked for."""
+    print(prepared.files[name], end="")
+    try:
+        write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
+    except OSError as error:
+        print(f"# dry run: not submitted; run dir not written here ({error})")
+    else:
+        print(f"# dry run: not submitted. run dir: {prepared.run_dir}\n"
+              f"# the job script: {prepared.run_dir / name}")
+    return prepared.run_dir
 
 
 # --- status and cancel -------------------------------------------------------------------
@@ -153,7 +138,7 @@ def submit_one(overrides: list[str], dry_run: bool) -> tuple[Path, str | None]:
 
 def scheduler_of(run_dir: Path | None) -> Scheduler:
     """The scheduler a run dir's config names; the default one for a bare job id."""
-    name = DEFAULT_SCHEDULER
+    name = launcher.scheduler.DEFAULT_SCHEDULER
     if run_dir is not None and RunDir(run_dir).config.is_file():
         from omegaconf import OmegaConf
 
@@ -172,8 +157,9 @@ def resolve_target(target: str) -> tuple[str | None, Path | None, JobInfo | None
         job_id = id_file.read_text().strip() if id_file.is_file() else None
         info = scheduler_of(path).status(job_id) if job_id else None
         return job_id or None, path.resolve(), info
-    if target.replace("_", "").isdigit():
-        info = scheduler_of(None).status(target)
+    scheduler = scheduler_of(None)
+    if scheduler.is_job_id(target):
+        info = scheduler.status(target)
         run_dir = info.script.parent if info and info.script else None
         return target, run_dir, info
     raise ConfigError(
@@ -187,7 +173,7 @@ def status(target: str) -> int:
     if info is None and run_dir is None:
         raise ConfigError(
             f"job {job_id}: the scheduler does not know it (a wrong id, or it ended a while "
-            "ago: Slurm keeps ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
+            "ago: schedulers keep ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
             "also reads the run's own state."
         )
     lines: list[str] = []
@@ -303,6 +289,6 @@ def cancel(target: str) -> int:
 
 def request_stop(run_dir: RunDir) -> None:
     """cancel.requested first, then preempt.requested: a job script that starts meanwhile
-    clears preempt.requested but then sees cancel.requested (launcher/slurm.py)."""
+    clears preempt.requested but then sees cancel.requested (launcher/scheduler.py)."""
     write_file_atomic(run_dir.cancel_requested, f"{time.time()}\n")
     run_dir.preempt_requested.touch()

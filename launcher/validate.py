@@ -4,8 +4,9 @@ compose -> RunConfig -> validate(cfg, target) -> Checked -> planner. The stage r
 configuration rules (launcher/rules.py), estimates the cost once and resolves
 strategy=auto, runs the strategy rules on the strategy the run will really use, then the
 checks of the target: this machine for `ftl train` (launcher/preflight.py), the scheduler's
-own rules for `ftl submit`, the checkpoint a launch would resume from, and whether the
-plan fits. All problems go into one ConfigError; nothing is written before it passes.
+own rules and warnings for `ftl submit`, the checkpoint a launch would resume from, and
+whether the plan fits. All problems go into one ConfigError; nothing is written before it
+passes. Risks the user may take come back in `Checked.warnings`.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ class Checked:
     resume_from: Path | None = None
     data_dir: Path | None = None
     """Where the tokenized data is (or will be) cached; train, submit and preprocess."""
+    warnings: list[str] = field(default_factory=list)
+    """Each naming key, value and fix, like a problem; the verb prints them."""
 
 
-def validate(cfg: RunConfig, target: Target) -> Checked:
-    """Raise one ConfigError listing every problem; else what the planner needs."""
+def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
+    """Raise one ConfigError listing every problem; else what the planner needs. dry_run
+    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings."""
     problems = config_problems(cfg)
     checked = Checked(cfg=cfg, target=target)
     if target == "preprocess":
@@ -57,7 +61,7 @@ def validate(cfg: RunConfig, target: Target) -> Checked:
         if not is_auto(checked.cfg):
             problems += strategy_problems(checked.cfg)
     if target in ("train", "submit"):
-        problems += _launch_problems(checked)
+        problems += _launch_problems(checked, dry_run)
     if problems:
         raise ConfigError(problems)
     if target in ("train", "submit", "preprocess"):
@@ -83,7 +87,7 @@ def _resolve_strategy(checked: Checked) -> list[str]:
     return []
 
 
-def _launch_problems(checked: Checked) -> list[str]:
+def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     cfg = checked.cfg
     if checked.target == "train":
         problems = preflight.local_launch_problems(cfg)
@@ -91,22 +95,38 @@ def _launch_problems(checked: Checked) -> list[str]:
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
-    problems += preflight.output_problems(cfg, checked.estimate)
+    here = preflight.output_problems(cfg, checked.estimate)  # this machine's, not the job's
+    (checked.warnings if dry_run else problems).extend(here)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
+    if checked.target == "submit" and not problems:  # not for an unregistered scheduler
+        checked.warnings += _scheduler_warnings(checked)
     return problems + _fit_problems(checked)
 
 
 def _scheduler_problems(cfg: RunConfig) -> list[str]:
-    from launcher.scheduler import SCHEDULERS, get_scheduler
+    from launcher.scheduler import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 
     if cfg.cluster.scheduler not in SCHEDULERS:
         return [
             f"cluster={cfg.cluster.name} (cluster.scheduler={cfg.cluster.scheduler}): "
             f"`ftl submit` sends a batch job to a scheduler ({', '.join(SCHEDULERS)}). "
-            "Fix: cluster=slurm, or `ftl train` to run on this machine."
+            f"Fix: cluster={DEFAULT_SCHEDULER}, or `ftl train` to run on this machine."
         ]
     return get_scheduler(cfg.cluster.scheduler).problems(cfg)
+
+
+def _scheduler_warnings(checked: Checked) -> list[str]:
+    """Given a checkpoint's save time: measured by the run this one resumes, else estimated."""
+    from launcher.disk import measured_save_time, save_time_estimate
+    from launcher.scheduler import get_scheduler
+
+    cfg, est, resume = checked.cfg, checked.estimate, checked.resume_from
+    if est is None:
+        return []
+    measured = measured_save_time(resume.parent.parent) if resume is not None else None
+    save = measured or save_time_estimate(cfg, est.params, est.trainable_params)
+    return get_scheduler(cfg.cluster.scheduler).warnings(cfg, save)
 
 
 def _fit_problems(checked: Checked) -> list[str]:

@@ -38,8 +38,8 @@ from typing import Any
 
 import pytest
 
-from launcher.slurm import scancel, show_job
-from launcher.submit import cancel, status, submit_one, with_slurm_default
+from launcher.slurm.client import scancel, show_job
+from launcher.submit import cancel, check_jobs, status, submit_checked, with_default_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -150,9 +150,10 @@ def slurm() -> None:
 
 def submit_job(overrides: list[str]) -> Job:
     """`ftl submit`'s own path, from the project root (where the job's ranks start)."""
-    job = with_slurm_default([*overrides, f"cluster.master_port={free_port()}"])
+    job = with_default_cluster([*overrides, f"cluster.master_port={free_port()}"])
     with redirect_stdout(StringIO()), contextlib.chdir(ROOT):
-        run_dir, job_id = submit_one(job, dry_run=False)
+        (checked,) = check_jobs([job])
+        run_dir, job_id = submit_checked(checked, job, dry_run=False)
     assert job_id is not None
     return Job(job_id, run_dir)
 
@@ -246,7 +247,8 @@ def time_limit_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
         subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "TimeLimit=30"],
                        check=True, capture_output=True, timeout=60)
         wait_for_text(job.out, f"ftl: job {job.job_id} (restart 1)", timeout_s=600)
-        scancel(job.job_id, signal="USR1", batch_only=True)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job.job_id], check=True,
+                       capture_output=True, timeout=60)
 
     job.drive(steps)
     yield job
@@ -377,7 +379,8 @@ def test_step_sigterm_checkpoints_requeues_and_resumes(sigterm_job: Job, referen
     task turns it into a stop request, its launcher is spared, the job requeues itself."""
     job = sigterm_job
     wait_until_waiting(job)
-    scancel(job.job_id, signal="TERM")
+    subprocess.run(["scancel", "--signal=TERM", job.job_id], check=True, capture_output=True,
+                   timeout=60)
     info = job.ended()
     assert_completed(job, info)
     log = job.out.read_text()

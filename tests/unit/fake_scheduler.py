@@ -1,5 +1,6 @@
 """A second scheduler for tests: one module behind launcher.scheduler's interface, which is
-all a new scheduler (PBS, LSF, Kubernetes) takes. It "submits" by recording the script."""
+all a new scheduler (PBS, LSF, Kubernetes) takes. It "submits" by recording the script,
+under job ids that are not numbers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from launcher.command import Launch, render_argv
+from launcher.disk import SaveTime
 from launcher.scheduler import JobInfo
 from launcher.schema import RunConfig
 
@@ -25,6 +27,15 @@ class FakeScheduler:
                     "Fix: cluster.nodes=4 or fewer."]
         return []
 
+    def warnings(self, cfg: RunConfig, save: SaveTime) -> list[str]:
+        if cfg.cluster.nodes == 4:
+            return ["cluster.nodes=4: the whole fake cluster; other jobs wait. "
+                    "Fix: cluster.nodes=3 or fewer."]
+        return []
+
+    def is_job_id(self, text: str) -> bool:
+        return text.startswith("fake-")
+
     def render(
         self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
     ) -> str:
@@ -32,7 +43,7 @@ class FakeScheduler:
                f"{render_argv(launch.argv, launch.shell_vars)}\n"
 
     def submit(self, script: Path) -> str:
-        job_id = str(len(SUBMITTED) + 100)
+        job_id = f"fake-{len(SUBMITTED) + 100}"
         SUBMITTED[job_id] = script
         return job_id
 

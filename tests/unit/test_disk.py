@@ -113,14 +113,32 @@ def test_the_last_measured_save_wins(tmp_path: Path):
 SLURM_7B = [*GPU, "cluster=slurm", "precision=bf16", "strategy=zero3", "cluster.nodes=2"]
 
 
-@pytest.mark.parametrize(("grace", "warned"), [(120, True), (1200, False)])
-def test_submit_warns_when_the_grace_time_cannot_cover_a_save(tmp_path, capsys, grace, warned):
-    from launcher.submit import _grace_notice
+def grace_warnings(checked) -> list[str]:
+    return [w for w in checked.warnings if "signal_grace_s=" in w]
 
+
+@pytest.mark.parametrize(("grace", "warned"), [(120, True), (1200, False)])
+def test_validation_warns_when_the_grace_time_cannot_cover_a_save(tmp_path, grace, warned):
+    # dry_run: this machine's disk cannot hold a 7B run; the grace check does not care.
     checked = check([*SLURM_7B, f"run.output_dir={tmp_path}",
-                     f"cluster.slurm.signal_grace_s={grace}"], "plan")
-    _grace_notice(checked)
-    err = capsys.readouterr().err
-    assert ("cluster.slurm.signal_grace_s=" in err) == warned, err
+                     f"cluster.slurm.signal_grace_s={grace}"], "submit", dry_run=True)
+    warnings = grace_warnings(checked)
+    assert bool(warnings) == warned, checked.warnings
     if warned:  # 16 bytes x 6.7B parameters at 200 MB/s: about 540 s
-        assert f"signal_grace_s={grace} may be too short" in err and "Fix: " in err
+        (warning,) = warnings
+        assert f"signal_grace_s={grace} may be too short" in warning and "estimated" in warning
+        assert "Fix: cluster.slurm.signal_grace_s=1080" in warning
+    assert not any(tmp_path.iterdir())  # the stage writes nothing
+
+
+def test_the_save_measured_by_the_resumed_run_beats_the_estimate(tmp_path):
+    earlier = tmp_path / "tiny" / "20260101-000000"
+    (earlier / "checkpoints" / "checkpoint-4").mkdir(parents=True)
+    (earlier / "checkpoints" / "checkpoint-4" / "COMPLETE").write_text("")
+    (earlier / "metrics.jsonl").write_text(
+        '{"step": 4, "event": "save", "seconds": 500.0, "bytes": 10}\n')
+    job = ["cluster=slurm", "cluster.gpu=cpu", "cluster.gpus_per_node=1", "run.name=tiny",
+           f"run.output_dir={tmp_path}", "cluster.slurm.signal_grace_s=120"]
+    (warning,) = grace_warnings(check(job, "submit"))  # the tiny model: the estimate is ~0 s
+    assert "about 500 s (measured: the save of step 4" in warning
+    assert not grace_warnings(check([*job, "run.resume=never"], "submit"))

@@ -22,6 +22,12 @@ def fake_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(scheduler.SCHEDULERS, "fake", "tests.unit.fake_scheduler:FakeScheduler")
 
 
+@pytest.fixture
+def fake_default(fake_registered: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake as the registry's default: bare job ids are its ids."""
+    monkeypatch.setattr(scheduler, "DEFAULT_SCHEDULER", "fake")
+
+
 def test_a_second_scheduler_submits_reports_and_cancels(
     fake_registered: None, tmp_path: Path
 ) -> None:
@@ -43,12 +49,38 @@ def test_a_second_scheduler_submits_reports_and_cancels(
     assert fake_scheduler.CANCELLED == [job_id]
 
 
+def test_its_job_ids_are_its_own_strings(fake_default: None, tmp_path: Path) -> None:
+    with redirect_stdout(StringIO()):
+        assert submit([*FAKE, f"run.output_dir={tmp_path}"]) == 0
+    (run_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
+    job_id = (run_dir / "job_id").read_text().strip()
+    assert job_id.startswith("fake-")
+    with redirect_stdout(StringIO()) as printed:
+        assert status(job_id) == 0
+    assert f"job {job_id}: " in printed.getvalue() and f"run dir: {run_dir}" in printed.getvalue()
+    with pytest.raises(ConfigError, match="neither a run directory nor a job id"):
+        status("12345")  # a Slurm id means nothing to this scheduler
+
+
 def test_its_rules_join_the_one_validation_stage(fake_registered: None, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         submit([*FAKE, "cluster.nodes=8", "train.lr=0", f"run.output_dir={tmp_path}"])
     text = str(caught.value)
     assert "the fake cluster has 4 nodes" in text and "train.lr=0.0" in text
     assert not list(tmp_path.rglob("job.fake"))
+
+
+def test_its_warnings_come_from_the_validation_stage(
+    fake_registered: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launcher.launch import check
+
+    job = [*FAKE, "cluster.nodes=4", f"run.output_dir={tmp_path}"]
+    warning = "cluster.nodes=4: the whole fake cluster; other jobs wait. Fix: cluster.nodes=3"
+    assert [w[:len(warning)] for w in check(job, "submit").warnings] == [warning]
+    assert not any(tmp_path.iterdir())  # the stage writes nothing
+    assert submit(job) == 0
+    assert f"ftl submit: warning: {warning}" in capsys.readouterr().err
 
 
 def test_an_unregistered_scheduler_is_refused() -> None:

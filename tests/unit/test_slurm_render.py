@@ -20,17 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from launcher.command import build_launch
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
 from launcher.rundir import RunDir
-from launcher.slurm import (
-    parse_scontrol,
-    render_sbatch,
-    sbatch_quote,
-    slurm_problems,
-    time_seconds,
-)
-from launcher.submit import expand_sweep, submit, with_slurm_default
+from launcher.schema import RunConfig
+from launcher.slurm.client import parse_scontrol
+from launcher.slurm.rules import slurm_problems, time_seconds
+from launcher.slurm.script import render_sbatch, sbatch_quote
+from launcher.submit import expand_sweep, submit, with_default_cluster
 from launcher.validate import validate
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -46,6 +44,11 @@ GPU_JOB = [
     "cluster.setup=['module load cuda/12.4','source /opt/venv/bin/activate']",
 ]
 CPU_JOB = ["cluster=slurm", "cluster.gpu=cpu", "cluster.gpus_per_node=1", "train.max_steps=2"]
+
+
+def render(cfg: RunConfig, run_dir: str | Path) -> str:
+    """The job script, its per-node command built from the config alone."""
+    return render_sbatch(cfg, run_dir, build_launch(cfg, str(run_dir)))
 
 
 def sbatch_arguments(line: str) -> list[str]:
@@ -78,7 +81,7 @@ def sbatch_arguments(line: str) -> list[str]:
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_snapshot(launcher: str, nodes: int) -> None:
     cfg = compose_config([*GPU_JOB, f"cluster.nodes={nodes}", f"cluster.launcher={launcher}"])
-    text = render_sbatch(cfg, RUN_DIR)
+    text = render(cfg, RUN_DIR)
     snapshot = SNAPSHOTS / f"sbatch-{launcher}-{nodes}n.sh"
     if os.environ.get("FTL_UPDATE_SNAPSHOTS"):
         snapshot.parent.mkdir(exist_ok=True)
@@ -89,7 +92,7 @@ def test_snapshot(launcher: str, nodes: int) -> None:
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_script_parses_and_holds_the_options(launcher: str) -> None:
     cfg = compose_config([*GPU_JOB, "cluster.nodes=4", f"cluster.launcher={launcher}"])
-    text = render_sbatch(cfg, RUN_DIR)
+    text = render(cfg, RUN_DIR)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     options = [sbatch_arguments(line) for line in text.splitlines() if line.startswith("#SBATCH")]
     flat = [arg for args in options for arg in args]
@@ -108,13 +111,13 @@ def test_script_parses_and_holds_the_options(launcher: str) -> None:
 
 
 def test_cpu_preset_asks_for_no_gpus() -> None:
-    text = render_sbatch(compose_config(CPU_JOB), RUN_DIR)
+    text = render(compose_config(CPU_JOB), RUN_DIR)
     assert "--gpus-per-node" not in text
     assert "export OMP_NUM_THREADS=1" in text
 
 
 def test_requeue_only_when_signalled_and_unfinished_and_under_the_limit() -> None:
-    text = render_sbatch(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=2"]), RUN_DIR)
+    text = render(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=2"]), RUN_DIR)
     finished = text.index(
         'if [ -e "$FTL_RUN_DIR"/result.json ] && [ ! -e "$FTL_RUN_DIR"/preempted ]'
     )
@@ -132,7 +135,7 @@ def test_hostile_run_name_stays_one_quoted_value() -> None:
                           f'run.name="{HOSTILE}"'])
     assert cfg.run.name == HOSTILE
     run_dir = f"/scratch/{HOSTILE}/20260101-000000"
-    text = render_sbatch(cfg, run_dir)
+    text = render(cfg, run_dir)
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
     lines = [line for line in text.splitlines() if "owned" in line]
     assert lines, "the name must appear (job name, run dir)"
@@ -154,7 +157,7 @@ def test_sbatch_quote_round_trips_through_sbatchs_parser() -> None:
 
 
 def test_percent_in_run_dir_is_not_a_slurm_pattern() -> None:
-    text = render_sbatch(compose_config(CPU_JOB), "/scratch/100%/run")
+    text = render(compose_config(CPU_JOB), "/scratch/100%/run")
     out = next(line for line in text.splitlines() if line.startswith("#SBATCH --output"))
     assert sbatch_arguments(out) == ["--output=/scratch/100%%/run/logs/slurm-%j.out"]
 
@@ -192,6 +195,33 @@ def test_dry_run_prints_and_writes_the_script_without_torch(tmp_path: Path) -> N
     assert os.access(script, os.X_OK)
 
 
+def test_dry_run_shows_the_script_where_this_machine_cannot_hold_the_run(
+    tmpfs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Free space is this machine's, not the cluster's: --dry-run warns, submit refuses."""
+    small = tmpfs("1m")
+    job = ["model=llama-7b", "strategy=zero3", "cluster=slurm", f"run.output_dir={small}"]
+    with pytest.raises(ConfigError, match="GiB free on its filesystem"):
+        submit(job)
+    assert not any(small.iterdir())
+    assert submit(job, dry_run=True) == 0
+    out, err = capsys.readouterr()
+    (script,) = small.glob("*/*/job.slurm")
+    assert script.read_text() in out and "# dry run: not submitted" in out
+    assert f"ftl submit: warning: run.output_dir={small}: " in err and "GiB free" in err
+
+
+def test_dry_run_prints_the_script_where_the_run_dir_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert submit([*CPU_JOB, f"run.output_dir={blocker / 'out'}"], dry_run=True) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("#!/bin/bash\n#SBATCH") and "run dir not written here" in out
+    assert "is a file, not a directory" in err
+
+
 def test_sweep_expands_like_hydra_multirun(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -220,8 +250,8 @@ def test_a_bad_combination_submits_nothing(tmp_path: Path) -> None:
 
 
 def test_submit_defaults_to_slurm_and_refuses_local() -> None:
-    assert with_slurm_default(["model=llama-7b"]) == ["cluster=slurm", "model=llama-7b"]
-    assert with_slurm_default(["cluster=local"]) == ["cluster=local"]
+    assert with_default_cluster(["model=llama-7b"]) == ["cluster=slurm", "model=llama-7b"]
+    assert with_default_cluster(["cluster=local"]) == ["cluster=local"]
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(["cluster=local"]), "submit")
     assert any("cluster=local" in p and "Fix: cluster=slurm" in p for p in caught.value.problems)
@@ -298,7 +328,7 @@ def run_job_script(
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    script = render_sbatch(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=3"]), run_dir)
+    script = render(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=3"]), run_dir)
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
         "SLURM_JOB_NODELIST": "node1", "FAKE_SIGNAL": signal, "FAKE_RANKS": ranks,
@@ -398,7 +428,7 @@ def test_a_step_signal_becomes_a_stop_request_and_spares_the_launcher(
     (bin_dir / launcher).chmod(0o755)
     cfg = compose_config([*CPU_JOB, "cluster.gpus_per_node=2", f"cluster.launcher={launcher}",
                           *(["strategy=zero2"] if launcher == "deepspeed" else [])])
-    script = render_sbatch(cfg, run_dir)
+    script = render(cfg, run_dir)
     srun = script[script.index("setsid srun "):]
     (per_node,) = shlex.split(srun[:srun.index("\nstep=$!")])[-2:-1]  # bash -c <this> &
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FTL_RUN_DIR": str(run_dir),
@@ -424,7 +454,7 @@ def test_a_step_signal_becomes_a_stop_request_and_spares_the_launcher(
 
 
 def test_srun_runs_in_a_session_of_its_own() -> None:
-    text = render_sbatch(compose_config(CPU_JOB), RUN_DIR)
+    text = render(compose_config(CPU_JOB), RUN_DIR)
     assert "\nsetsid srun --nodes=1 " in text
 
 

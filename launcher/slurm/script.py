@@ -1,5 +1,4 @@
-"""Slurm, the first `Scheduler` (launcher/scheduler.py): the sbatch script (pure text),
-its rules, and the only sbatch / scontrol / scancel calls. Its settings: `cluster.slurm.*`.
+"""The sbatch job script, as pure text (SlurmScheduler.render).
 
 The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
 requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
@@ -29,7 +28,7 @@ latest complete checkpoint.
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
 treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
-are refused everywhere (a newline would start a new script line). Secrets (HF_TOKEN,
+are refused everywhere (rules.py: a newline would start a new script line). Secrets (HF_TOKEN,
 WANDB_API_KEY, ...) reach the job through the environment (sbatch's default --export=ALL)
 and are never written into the script.
 """
@@ -38,20 +37,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 from launcher.checkpoints import COMPLETE_MARKER
-from launcher.command import (
-    HEAD_NODE_VAR,
-    NODE_RANK_VAR,
-    Launch,
-    build_launch,
-    quote_arg,
-    render_argv,
-)
-from launcher.errors import ConfigError
+from launcher.command import HEAD_NODE_VAR, NODE_RANK_VAR, Launch, quote_arg, render_argv
 from launcher.hardware import GPU_PRESETS
 from launcher.rundir import (
     CANCEL_REQUESTED,
@@ -61,7 +50,6 @@ from launcher.rundir import (
     PREEMPTED,
     RESULT,
 )
-from launcher.scheduler import JobInfo
 from launcher.schema import RunConfig
 from launcher.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 
@@ -70,102 +58,7 @@ TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
 """The signals torchrun's agent may handle in a job (PET_SIGNALS_TO_HANDLE): not TERM and
 INT, which would make it kill the ranks 30 s later; the ranks handle those themselves."""
 
-SLURM_SIGNAL_MAX_S = 65535
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_./:%@+=,-]+$")
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2})$")
-_UNLIMITED = ("UNLIMITED", "INFINITE")
-_MEM = re.compile(r"^\d+[KMGT]?$")
-
-
-# --- checks ------------------------------------------------------------------------------
-
-
-def slurm_problems(cfg: RunConfig) -> list[str]:
-    """Rules for a batch job, each naming the key, the value and the fix."""
-    cluster, problems = cfg.cluster, []
-    slurm = cluster.slurm
-    if not (_TIME.match(cluster.slurm.time) or cluster.slurm.time.upper() in _UNLIMITED):
-        problems.append(
-            f"cluster.slurm.time={cluster.slurm.time}: not a Slurm time limit. "
-            "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.slurm.time=04:00:00."
-        )
-    elif not 0 < slurm.signal_grace_s < min(time_seconds(slurm.time), SLURM_SIGNAL_MAX_S):
-        problems.append(
-            f"cluster.slurm.signal_grace_s={slurm.signal_grace_s}: the warning before the "
-            f"time limit must be between 1 s and the job's time (cluster.slurm.time="
-            f"{slurm.time}) and at most {SLURM_SIGNAL_MAX_S} s. "
-            "Fix: e.g. cluster.slurm.signal_grace_s=120."
-        )
-    if cluster.slurm.max_restarts < 0:
-        problems.append(
-            f"cluster.slurm.max_restarts={cluster.slurm.max_restarts}: must be 0 or more. "
-            "Fix: cluster.slurm.max_restarts=3 (0: never requeue)."
-        )
-    if cluster.slurm.cpus_per_task < 0:
-        problems.append(
-            f"cluster.slurm.cpus_per_task={slurm.cpus_per_task}: must be 0 (Slurm's default) "
-            "or more. Fix: e.g. cluster.slurm.cpus_per_task=32."
-        )
-    if cluster.slurm.mem and not _MEM.match(cluster.slurm.mem):
-        problems.append(
-            f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
-            "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."
-        )
-    return problems + _text_problems(cfg)
-
-
-def _text_problems(cfg: RunConfig) -> list[str]:
-    cluster, problems = cfg.cluster, []
-    values = {
-        "run.name": cfg.run.name, "run.output_dir": cfg.run.output_dir,
-        "cluster.slurm.partition": cluster.slurm.partition,
-        "cluster.slurm.account": cluster.slurm.account,
-        "cluster.slurm.qos": cluster.slurm.qos,
-        **{f"cluster.slurm.sbatch_extra[{i}]": v
-           for i, v in enumerate(cluster.slurm.sbatch_extra)},
-        **{f"cluster.setup[{i}]": v for i, v in enumerate(cluster.setup)},
-    }
-    for key, value in values.items():
-        if _CONTROL.search(value):
-            problems.append(
-                f"{key}={value!r}: contains a control character (newline, tab, ...), which "
-                "would break the job script. Fix: remove it (one cluster.setup item per line)."
-            )
-    for index, extra in enumerate(cluster.slurm.sbatch_extra):
-        try:
-            tokens = shlex.split(extra)
-        except ValueError as error:
-            tokens, reason = [], str(error)
-        else:
-            reason = "an sbatch option must start with -"
-        if not tokens or not tokens[0].startswith("-"):
-            problems.append(
-                f"cluster.slurm.sbatch_extra[{index}]={extra!r}: {reason}. "
-                "Fix: an option as typed after `sbatch`, e.g. '--constraint=a100'."
-            )
-    return problems
-
-
-def time_seconds(limit: str) -> int:
-    """Slurm time limit -> seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)."""
-    if limit.upper() in _UNLIMITED:
-        return 2**31
-    days = 0
-    if "-" in limit:
-        day_text, limit = limit.split("-", 1)
-        days = int(day_text)
-        hours, minutes, seconds = ([int(p) for p in limit.split(":")] + [0, 0])[:3]
-    else:
-        parts = [int(p) for p in limit.split(":")]
-        if len(parts) == 3:
-            hours, minutes, seconds = parts
-        else:  # MM or MM:SS
-            hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-# --- rendering ---------------------------------------------------------------------------
 
 
 def sbatch_quote(value: str) -> str:
@@ -175,22 +68,11 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def log_paths(run_dir: str | Path, escape: bool = False) -> tuple[str, str]:
-    """The batch script's stdout/stderr, with sbatch's %j (job id) pattern.
-
-    escape: for the #SBATCH line, where sbatch expands %j, %x, ...: a literal % in the run
-    dir must be %%.
-    """
-    logs = str(Path(run_dir) / LOGS)
-    if escape:
-        logs = logs.replace("%", "%%")
-    return f"{logs}/slurm-%j.out", f"{logs}/slurm-%j.err"
-
-
 def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     """The #SBATCH lines, every value quoted for sbatch's own parser."""
     cluster = cfg.cluster
-    out, err = log_paths(run_dir, escape=True)
+    # sbatch expands %j (the job id), %x, ... in --output: a literal % in the run dir is %%.
+    logs = str(Path(run_dir) / LOGS).replace("%", "%%")
     pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
     for flag, value in (
         ("--partition", cluster.slurm.partition),
@@ -212,8 +94,8 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     if cluster.slurm.mem:
         pairs.append(("--mem", cluster.slurm.mem))
     pairs += [
-        ("--output", out),
-        ("--error", err),
+        ("--output", f"{logs}/slurm-%j.out"),
+        ("--error", f"{logs}/slurm-%j.err"),
         ("--open-mode", "append"),  # a requeued job keeps its earlier output
         ("--requeue", None),
         ("--signal", f"B:USR1@{cluster.slurm.signal_grace_s}"),
@@ -226,20 +108,15 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
 
 
 def render_sbatch(
-    cfg: RunConfig,
-    run_dir: str | Path,
-    launch: Launch | None = None,
-    *,
-    tool_dir: str | Path | None = None,
+    cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
 ) -> str:
     """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
 
-    launch: the per-node command (default: launcher.command.build_launch for run_dir).
-    tool_dir: a directory prepended to PATH (the submitting venv's bin, where torchrun and
-    deepspeed live); cluster.setup lines run after it and may replace it.
+    launch: the per-node command (launcher.planner.plan_launch). tool_dir: a directory
+    prepended to PATH (the submitting venv's bin, where torchrun and deepspeed live);
+    cluster.setup lines run after it and may replace it.
     """
     run_dir = str(run_dir)
-    launch = launch or build_launch(cfg, run_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", *sbatch_options(cfg, run_dir)]
     lines += [
@@ -434,92 +311,3 @@ def _cancelled_lines() -> list[str]:
         '    echo "ftl: cancelled by \\`ftl cancel\\` without a new complete checkpoint; '
         'not requeueing"',
     ]
-
-
-# --- the Slurm commands ------------------------------------------------------------------
-
-
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"`{argv[0]}` not found: this machine has no Slurm client. Fix: run on the "
-            "cluster's login node, or `ftl submit --dry-run` to see the job script."
-        ) from None
-
-
-def sbatch(script: Path) -> str:
-    """Submit; returns the job id. sbatch's refusal (bad partition, ...) is a ConfigError."""
-    done = _run(["sbatch", "--parsable", str(script)])
-    if done.returncode != 0:
-        raise ConfigError(
-            f"sbatch refused {script}: {done.stderr.strip() or done.stdout.strip()}. "
-            "Fix: check cluster.slurm.partition / account / qos / time."
-        )
-    return done.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
-
-
-def show_job(job_id: str) -> dict[str, str] | None:
-    """`scontrol show job -o`, as a dict; None when Slurm does not (or no longer) know it."""
-    done = _run(["scontrol", "show", "job", "-o", job_id])
-    if done.returncode != 0 or not done.stdout.strip():
-        return None
-    return parse_scontrol(done.stdout.strip().splitlines()[0])
-
-
-def parse_scontrol(line: str) -> dict[str, str]:
-    """`Key=Value Key2=Value with spaces ...` -> dict (values may contain spaces)."""
-    pieces = re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip())
-    return dict(piece.split("=", 1) for piece in pieces if "=" in piece)
-
-
-def scancel(job_id: str, signal: str | None = None, batch_only: bool = False) -> None:
-    argv = ["scancel"]
-    if batch_only:
-        argv.append("--batch")
-    if signal:
-        argv.append(f"--signal={signal}")
-    done = _run([*argv, job_id])
-    if done.returncode != 0:
-        raise ConfigError(f"scancel {job_id}: {done.stderr.strip()}")
-
-
-class SlurmScheduler:
-    """launcher.scheduler.Scheduler for Slurm."""
-
-    name = "slurm"
-
-    def problems(self, cfg: RunConfig) -> list[str]:
-        return slurm_problems(cfg)
-
-    def render(
-        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
-    ) -> str:
-        return render_sbatch(cfg, run_dir, launch, tool_dir=tool_dir)
-
-    def submit(self, script: Path) -> str:
-        return sbatch(script)
-
-    def status(self, job_id: str) -> JobInfo | None:
-        info = show_job(job_id)
-        if info is None:
-            return None
-        command = info.get("Command", "")
-        return JobInfo(
-            job_id=job_id,
-            state=info.get("JobState", "?"),
-            exit_code=info.get("ExitCode", "?"),
-            restarts=info.get("Restarts", "0"),
-            run_time=info.get("RunTime", "?"),
-            nodes=info.get("NodeList", "?"),
-            reason=info.get("Reason", "None"),
-            script=Path(command) if command.startswith("/") else None,
-            running=info.get("JobState") == "RUNNING",
-        )
-
-    def cancel(self, job_id: str) -> None:
-        scancel(job_id)
-
-    def cancel_command(self, job_id: str) -> str:
-        return f"scancel {shlex.quote(job_id)}"
