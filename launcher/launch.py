@@ -38,6 +38,8 @@ class Prepared:
 def check(overrides: list[str], target: Target, *, dry_run: bool = False) -> Checked:
     """Compose and validate (every problem in one ConfigError); writes nothing."""
     checked = validate(compose_config(overrides), target, dry_run=dry_run)
+    for warning in checked.warnings:
+        print(f"ftl: warning: {warning}", file=sys.stderr, flush=True)
     timing.mark("validated")
     return checked
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -159,38 +158,39 @@ def resume_source(cfg: RunConfig) -> Path | None:
     return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
 
 
-def output_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
-    """run.output_dir can be created and written, and its filesystem holds the checkpoints
-    the run keeps plus its final model (sizes: launcher/disk.py). With run.force=true too
-    little space is a warning printed here: the user asked to try anyway."""
+def output_problems(cfg: RunConfig) -> list[str]:
+    """run.output_dir can be created and written."""
     key = f"run.output_dir={cfg.run.output_dir}"
     base = _nearest_existing(Path(cfg.run.output_dir))
     if not base.is_dir():
         return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."]
     if not os.access(base, os.W_OK | os.X_OK):
         return [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
+    return []
+
+
+def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
+    """run.output_dir's filesystem holds the checkpoints the run keeps plus its final model
+    (sizes: launcher/disk.py)."""
     if estimate is None:
         return []
     from launcher.disk import disk_need
 
+    base = _nearest_existing(Path(cfg.run.output_dir))
     need = disk_need(cfg, estimate.params, estimate.trainable_params)
     free = shutil.disk_usage(base).free
-    if free >= need.total_bytes:
+    if not base.is_dir() or free >= need.total_bytes:
         return []
     gib = 1024**3
     at_least = "" if need.exact else "at least "
-    problem = (
-        f"{key}: {free / gib:.2f} GiB free on its filesystem ({base}); the run needs "
-        f"{at_least}{need.total_bytes / gib:.2f} GiB: {need.checkpoints} checkpoint(s) of "
-        f"{need.checkpoint_bytes / gib:.2f} GiB (train.save_total_limit="
-        f"{cfg.train.save_total_limit}) and the final model, {need.final_model_bytes / gib:.2f}"
-        " GiB. Fix: free space, another run.output_dir, or fewer kept checkpoints "
-        "(train.save_total_limit=2)"
-    )
-    if cfg.run.force:
-        print(f"ftl: warning (run.force=true, going ahead): {problem}.", file=sys.stderr)
-        return []
-    return [problem + ", or run.force=true to try anyway."]
+    return [
+        f"run.output_dir={cfg.run.output_dir}: {free / gib:.2f} GiB free on its filesystem "
+        f"({base}); the run needs {at_least}{need.total_bytes / gib:.2f} GiB: "
+        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / gib:.2f} GiB "
+        f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
+        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir, "
+        "fewer kept checkpoints (train.save_total_limit=2), or run.force=true to try anyway."
+    ]
 
 
 def _nearest_existing(path: Path) -> Path:

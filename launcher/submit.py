@@ -98,8 +98,6 @@ def submit_checked(
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
     from launcher.launch import build_run, write_run
 
-    for warning in checked.warnings:
-        print(f"ftl submit: warning: {warning}", file=sys.stderr, flush=True)
     _data_notice(checked)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     name = job_script_name(scheduler.name)

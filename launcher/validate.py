@@ -95,7 +95,11 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
-    here = preflight.output_problems(cfg, checked.estimate)  # this machine's, not the job's
+    # this machine's, not the job's: warnings for a dry run; too little space is a risk
+    # the user may take (run.force)
+    here = preflight.output_problems(cfg)
+    space = preflight.space_problems(cfg, checked.estimate)
+    (checked.warnings if dry_run or cfg.run.force else here).extend(space)
     (checked.warnings if dry_run else problems).extend(here)
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)

@@ -81,7 +81,7 @@ def test_a_filesystem_too_small_for_the_checkpoints_is_refused_unless_forced(
     capsys.readouterr()
     assert check([*overrides, "run.force=true"], "train").cfg.run.force
     warning = capsys.readouterr().err
-    assert warning.startswith("ftl: warning (run.force=true, going ahead): run.output_dir=")
+    assert warning.startswith("ftl: warning: run.output_dir=")
     assert "GiB free on its filesystem" in warning and "2 checkpoint(s)" in warning
 
 

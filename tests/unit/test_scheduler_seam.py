@@ -80,7 +80,7 @@ def test_its_warnings_come_from_the_validation_stage(
     assert [w[:len(warning)] for w in check(job, "submit").warnings] == [warning]
     assert not any(tmp_path.iterdir())  # the stage writes nothing
     assert submit(job) == 0
-    assert f"ftl submit: warning: {warning}" in capsys.readouterr().err
+    assert f"ftl: warning: {warning}" in capsys.readouterr().err
 
 
 def test_an_unregistered_scheduler_is_refused() -> None:

@@ -208,7 +208,7 @@ def test_dry_run_shows_the_script_where_this_machine_cannot_hold_the_run(
     out, err = capsys.readouterr()
     (script,) = small.glob("*/*/job.slurm")
     assert script.read_text() in out and "# dry run: not submitted" in out
-    assert f"ftl submit: warning: run.output_dir={small}: " in err and "GiB free" in err
+    assert f"ftl: warning: run.output_dir={small}: " in err and "GiB free" in err
 
 
 def test_dry_run_prints_the_script_where_the_run_dir_cannot_be_written(
