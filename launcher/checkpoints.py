@@ -102,10 +102,10 @@ def save_final_model(trainer: Any, is_peft: bool, model_dir: Path, base_path: st
     if is_peft:
         return save_merged_peft_model(trainer, model_dir, base_path)
     trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
-    _barrier()
+    barrier()
     if trainer.is_world_process_zero() and not _has_weights(model_dir):
         consolidate_zero_checkpoint(trainer, model_dir)
-    _barrier()
+    barrier()
     return model_dir
 
 
@@ -152,7 +152,7 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
             config = type(config).from_pretrained(base_path)  # without quantization_config
         config.save_pretrained(str(model_dir))
         trainer.processing_class.save_pretrained(str(model_dir))
-    _barrier()
+    barrier()
     return model_dir
 
 
@@ -222,7 +222,7 @@ def _has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))
 
 
-def _barrier() -> None:
+def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -7,16 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from launcher.callbacks.memory import peak_memory_mib
+from launcher.checkpoints import barrier
 from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 class CheckpointCallback(TrainerCallback):

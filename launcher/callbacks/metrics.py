@@ -135,22 +135,16 @@ def record_finish(trainer: Any) -> None:
             callback.record_phases("finish", timing.finish(), trainer.state)
 
 
+PROGRESS = (("loss", "loss {:.4f}"), ("learning_rate", "lr {:.2e}"),
+            ("eval_loss", "eval_loss {:.4f}"), ("train_runtime", "training done in {:.1f} s"),
+            ("train_loss", "mean loss {:.4f}"), ("tokens_per_s", "{:.0f} tok/s"),
+            ("mfu", "MFU {:.1%}"))
+"""The progress line's fields, in order (train_*: only the end-of-training summary)."""
+
+
 def progress_line(event: MetricsEvent, max_steps: int) -> str:
     """e.g. `[ftl] step 40/564  loss 3.1250  lr 2.00e-03  5210 tok/s  peak 512 MiB`."""
-    values = event.values
     parts = [f"[ftl] step {event.step}/{max_steps}"]
-    if "loss" in values:
-        parts.append(f"loss {values['loss']:.4f}")
-    if "learning_rate" in values:
-        parts.append(f"lr {values['learning_rate']:.2e}")
-    if "eval_loss" in values:
-        parts.append(f"eval_loss {values['eval_loss']:.4f}")
-    if "train_loss" in values:  # only the end-of-training summary has the mean loss
-        parts.append(f"training done in {values['train_runtime']:.1f} s")
-        parts.append(f"mean loss {values['train_loss']:.4f}")
-    if "tokens_per_s" in values:
-        parts.append(f"{values['tokens_per_s']:.0f} tok/s")
-    if "mfu" in values:
-        parts.append(f"MFU {values['mfu']:.1%}")
+    parts += [form.format(event.values[key]) for key, form in PROGRESS if key in event.values]
     parts.append(f"peak {event.peak_memory_mib:.0f} MiB")
     return "  ".join(parts)
