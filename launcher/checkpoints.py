@@ -3,8 +3,9 @@
 The Trainer writes `checkpoint-N/` piece by piece from every rank (model, optimizer
 shards, scheduler, RNG states, trainer_state.json). A crash in the middle leaves a
 directory that looks like a checkpoint but cannot be resumed from. So a checkpoint counts
-only once rank 0 has written the COMPLETE marker, which it does after a barrier at the end
-of the save (launcher/callbacks.py), i.e. after every rank has finished writing.
+only once rank 0 has written the COMPLETE marker (launcher/rundir: its reader and writer),
+which it does after a barrier at the end of the save (launcher/callbacks/checkpoint_marker.py),
+i.e. after every rank has finished writing.
 
 The second half writes the final model (RUN_DIR/model) as a plain HF directory whatever the
 strategy: gathered under ZeRO-3, a full state dict under FSDP2, LoRA merged into the base.
@@ -15,16 +16,13 @@ No torch import at module level: the CLI and the Slurm code call
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from launcher.rundir import RunDir
+from launcher.rundir import COMPLETE_MARKER, RunDir, read_complete_marker
 
-COMPLETE_MARKER = "COMPLETE"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -52,20 +50,10 @@ def latest_complete_checkpoint(checkpoints_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def write_complete_marker(checkpoint: Path, step: int, world_size: int) -> None:
-    """Called by rank 0 only, after every rank has finished writing `checkpoint`."""
-    info = {"step": step, "world_size": world_size, "time": time.time()}
-    tmp = checkpoint / f".{COMPLETE_MARKER}.tmp"
-    tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
-    tmp.rename(checkpoint / COMPLETE_MARKER)  # atomic: the marker is there whole or not at all
-
-
 def checkpoint_world_size(checkpoint: Path) -> int | None:
     """The number of ranks that wrote `checkpoint` (from its COMPLETE marker)."""
-    try:
-        return int(json.loads((checkpoint / COMPLETE_MARKER).read_text())["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    marker = read_complete_marker(checkpoint)
+    return marker.world_size if marker else None
 
 
 def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path | None:
@@ -114,10 +102,10 @@ def save_final_model(trainer: Any, is_peft: bool, model_dir: Path, base_path: st
     if is_peft:
         return save_merged_peft_model(trainer, model_dir, base_path)
     trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
-    _barrier()
+    barrier()
     if trainer.is_world_process_zero() and not _has_weights(model_dir):
         consolidate_zero_checkpoint(trainer, model_dir)
-    _barrier()
+    barrier()
     return model_dir
 
 
@@ -164,7 +152,7 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
             config = type(config).from_pretrained(base_path)  # without quantization_config
         config.save_pretrained(str(model_dir))
         trainer.processing_class.save_pretrained(str(model_dir))
-    _barrier()
+    barrier()
     return model_dir
 
 
@@ -234,7 +222,7 @@ def _has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))
 
 
-def _barrier() -> None:
+def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

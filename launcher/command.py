@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.hardware import GPU_PRESETS
+from launcher.rundir import HOSTFILE, LOGS
 from launcher.schema import RunConfig
 
 WORKER_MODULE = "launcher.worker"
@@ -83,7 +84,7 @@ def build_launch(
     if cluster.launcher == "deepspeed":
         if cluster.nodes == 1:
             return _deepspeed_single(cfg, run_dir)
-        hostfile_path = hostfile_path or posixpath.join(run_dir, "hostfile")
+        hostfile_path = hostfile_path or posixpath.join(run_dir, HOSTFILE)
         if cluster.scheduler != "none" or node_rank is not None:
             return _deepspeed_no_ssh(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
         return _deepspeed_ssh(cfg, run_dir, head_node, hostfile_path, hosts)
@@ -95,7 +96,7 @@ def _torchrun_single(cfg: RunConfig, run_dir: str) -> Launch:
     argv = [
         "torchrun", "--standalone", "--nnodes", "1",
         "--nproc_per_node", str(cfg.cluster.gpus_per_node),
-        *_torchrun_logs(posixpath.join(run_dir, "logs")),
+        *_torchrun_logs(posixpath.join(run_dir, LOGS)),
         *_program("--module", run_dir),
     ]
     return Launch(argv=argv, env=launch_env(cfg))
@@ -113,7 +114,7 @@ def _torchrun_multi(
         "--rdzv_endpoint", f"{head}:{cluster.master_port}",
         # Same run dir -> same id, so a requeued job's nodes meet in the same rendezvous.
         "--rdzv_id", rendezvous_id(run_dir),
-        *_torchrun_logs(posixpath.join(run_dir, "logs", f"node-{rank}")),
+        *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{rank}")),
         *_program("--module", run_dir),
     ]
     return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=shell_vars)
@@ -196,7 +197,7 @@ def _deepspeed_common(run_dir: str) -> list[str]:
     # --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
     return [
         "--no_local_rank",
-        "--enable_each_rank_log", posixpath.join(run_dir, "logs"),
+        "--enable_each_rank_log", posixpath.join(run_dir, LOGS),
         *_program("--module", run_dir),
     ]
 

@@ -11,7 +11,6 @@ launcher/model.py `model_dtype`). Small files
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,21 +81,8 @@ def save_time_estimate(cfg: RunConfig, params: int, trainable: int) -> SaveTime:
 def measured_save_time(run_dir: Path) -> SaveTime | None:
     """The last save a run measured (metrics.jsonl {"event": "save"}, rank 0's
     CheckpointCallback): the time from its step's end to its COMPLETE marker."""
-    metrics = RunDir(run_dir).metrics
-    if not metrics.is_file():
-        return None
-    saves = [record for line in metrics.read_text().splitlines() if '"save"' in line
-             if (record := _json(line)).get("event") == "save"]
+    saves = [event for event in RunDir(run_dir).read_metrics() if event.kind == "save"]
     if not saves:
         return None
-    last = saves[-1]
-    return SaveTime(float(last["seconds"]), f"measured: the save of step {last['step']} in "
-                    f"{run_dir}")
-
-
-def _json(line: str) -> dict:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    return SaveTime(float(saves[-1].values["seconds"]),
+                    f"measured: the save of step {saves[-1].step} in {run_dir}")

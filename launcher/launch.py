@@ -115,16 +115,15 @@ def run_local(prepared: Prepared) -> int:
 
 
 def failure_report(run_dir: RunDir, returncode: int) -> str:
-    errors = sorted(run_dir.logs.glob("rank*.error"))
+    errors = run_dir.rank_errors()
     full = disk_full_line(run_dir)
     if not errors:
         return "\n".join(filter(None, [
             f"ftl train: the launcher exited with code {returncode} and no rank reported an "
             f"error (killed or crashed at start?). Logs: {run_dir.logs}", full]))
     lines = [f"ftl train: the run failed (launcher exit code {returncode})."]
-    for error_file in errors:
+    for rank, error_file in errors.items():
         text = error_file.read_text().strip().splitlines()
-        rank = error_file.stem.removeprefix("rank")
         lines.append(f"  rank {rank}: {text[-1] if text else '?'}  (traceback: {error_file})")
     lines.append(f"  per-rank logs: {run_dir.logs}")
     return "\n".join(filter(None, [*lines, full]))

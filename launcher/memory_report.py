@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.peak import RANK0_MOMENTS, other_ranks_peak
+from launcher.rundir.records import RankMetrics
 
 GIB = 1024**3
 
@@ -44,37 +45,37 @@ def _cell(predicted: float | None, measured: int | None) -> str:
     return f"{pred} / {meas}"
 
 
-def _ordered_phases(ranks: list[dict[str, Any]]) -> list[str]:
+def _ordered_phases(ranks: list[RankMetrics]) -> list[str]:
     """Every phase any rank recorded, in the order the first rank that has it wrote them."""
     seen: list[str] = []
     for rank in ranks:
-        for name in (rank.get("memory") or {}).get("phases", {}):
+        for name in (rank.memory or {}).get("phases", {}):
             if name not in seen:
                 seen.append(name)
     return seen
 
 
-def memory_table(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+def memory_table(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
     """Lines: one row per phase, one `predicted / measured` GiB column per rank, then the
     whole run's peak with measured/predicted, and the peak RSS beside it."""
-    records = [r for r in ranks if r.get("memory")]
+    records = [r for r in ranks if r.memory]
     if not records or not estimate.get("moments"):
         return []
     width = 21
     lines = ["memory per rank, live tensor GiB (predicted / measured):",
-             "  " + f"{'phase':<12}" + "".join(f"{'rank ' + str(r['rank']):>{width}}"
+             "  " + f"{'phase':<12}" + "".join(f"{'rank ' + str(r.rank):>{width}}"
                                                for r in records)]
     for phase in _ordered_phases(records):
         cells = []
         for record in records:
-            measured = record["memory"]["phases"].get(phase, {}).get("peak_bytes")
-            cells.append(_cell(predicted_for(estimate, phase, record["rank"]), measured))
+            measured = record.memory["phases"].get(phase, {}).get("peak_bytes")
+            cells.append(_cell(predicted_for(estimate, phase, record.rank), measured))
         lines.append("  " + f"{phase:<12}" + "".join(f"{c:>{width}}" for c in cells))
     lines.append("  " + f"{'run peak':<12}" + "".join(
-        f"{_cell(_rank_peak(estimate, r['rank']), r['memory'].get('peak_bytes')):>{width}}"
+        f"{_cell(_rank_peak(estimate, r.rank), r.memory.get('peak_bytes')):>{width}}"
         for r in records))
     lines.append("  " + f"{'RSS peak':<12}" + "".join(
-        f"{_cell(None, r['memory'].get('rss_peak_bytes')):>{width}}" for r in records))
+        f"{_cell(None, r.memory.get('rss_peak_bytes')):>{width}}" for r in records))
     if estimate.get("construction_above_training"):
         lines.append("  predicted: model construction peaks above training")
     return lines

@@ -16,6 +16,7 @@ from launcher import rundir
 from launcher.command import Launch, build_launch, render_argv, render_command
 from launcher.ds_config import build_ds_config
 from launcher.fsdp import build_fsdp_settings
+from launcher.rundir.records import PlanRecord
 from launcher.schema import RunConfig
 from launcher.validate import Checked
 
@@ -77,7 +78,7 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     """Every file of the run dir, as text (the worker reads config.yaml and the settings)."""
     files = {
         rundir.CONFIG: OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
-        rundir.PLAN: _dump(plan_summary(plan, launch, overrides)),
+        rundir.PLAN: _dump(plan_record(plan, launch, overrides).to_dict()),
         rundir.LAUNCH_SCRIPT: launch_script(launch, overrides),
     }
     if plan.ds_config is not None:
@@ -91,25 +92,19 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     return files
 
 
-def plan_summary(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, Any]:
+def plan_record(plan: Plan, launch: Launch, overrides: list[str]) -> PlanRecord:
+    """plan.json: what the ranks and `ftl report` read of the plan."""
     cfg = plan.cfg
-    return {
-        "overrides": overrides,
-        "strategy": cfg.strategy.name,
-        "strategy_reasons": plan.strategy_reasons,
-        "world_size": cfg.world_size,
-        "nodes": cfg.cluster.nodes,
-        "gpus_per_node": cfg.cluster.gpus_per_node,
-        "gpu": cfg.cluster.gpu,
-        "precision": cfg.precision.name,
-        "estimate": plan.estimate,
-        "flops_per_token": plan.flops_per_token,
-        "peak_flops_per_device": plan.peak_flops_per_device,
-        "resume_from": str(plan.resume_from) if plan.resume_from else None,
-        "data_dir": str(plan.data_dir) if plan.data_dir else None,
-        "command": launch.argv,
-        "env": launch.env,
-    }
+    return PlanRecord(
+        overrides=overrides, strategy=cfg.strategy.name, strategy_reasons=plan.strategy_reasons,
+        world_size=cfg.world_size, nodes=cfg.cluster.nodes,
+        gpus_per_node=cfg.cluster.gpus_per_node, gpu=cfg.cluster.gpu,
+        precision=cfg.precision.name, estimate=plan.estimate,
+        flops_per_token=plan.flops_per_token, peak_flops_per_device=plan.peak_flops_per_device,
+        resume_from=str(plan.resume_from) if plan.resume_from else None,
+        data_dir=str(plan.data_dir) if plan.data_dir else None,
+        command=launch.argv, env=launch.env,
+    )
 
 
 def resolve_tool(argv: list[str]) -> list[str]:

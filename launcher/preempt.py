@@ -29,7 +29,6 @@ signalled still requeues.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -40,7 +39,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rundir import RunDir
+from launcher.rundir import Preempted, RunDir
 
 VOTE_EVERY_S = 1.0
 """Target seconds between two votes (the stop comes at most about this late)."""
@@ -124,8 +123,7 @@ class PreemptCallback(TrainerCallback):
         `ftl status` never reports a stop at a checkpoint that a kill cut short."""
         if self.preempted and state.is_world_process_zero:
             reason = self.signals.received or "preempt.requested"
-            record = {"step": state.global_step, "time": time.time(), "reason": reason}
-            self.run_dir.preempted.write_text(json.dumps(record) + "\n")
+            self.run_dir.write_preempted(Preempted(state.global_step, time.time(), reason))
 
     def _proposed_interval(self, step: int) -> int:
         """Steps until the next vote that this rank proposes: how many of its steps since

@@ -3,33 +3,31 @@ the plan's estimate beside what the run measured. Reads only the run dir."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
 from launcher.memory_report import memory_table
-from launcher.rundir import RunDir
+from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
 
 GIB = 1024**3
 
 
-def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    path = RunDir(run_dir).metrics
-    if not path.is_file():
+def load_history(run_dir: Path) -> list[MetricsEvent]:
+    if not RunDir(run_dir).metrics.is_file():
         raise DataError(
-            f"{run_dir}: no metrics.jsonl. Fix: pass the run dir of a run that has started "
+            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
             "training (outputs/<run.name>/<timestamp>)."
         )
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return RunDir(run_dir).read_metrics()
 
 
-def series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    points = [(row["step"], row[key]) for row in history if key in row and "step" in row]
+def series(history: list[MetricsEvent], key: str) -> tuple[list[float], list[float]]:
+    points = [(e.step, e.values[key]) for e in history if e.kind == "log" and key in e.values]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def draw_png(history: list[dict[str, Any]], out: Path, title: str) -> Path:
+def draw_png(history: list[MetricsEvent], out: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,14 +53,15 @@ def draw_png(history: list[dict[str, Any]], out: Path, title: str) -> Path:
     return out
 
 
-def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
-    plan = _read_json(RunDir(run_dir).plan)
-    estimate = plan.get("estimate") or {}
-    ranks = [_read_json(p) for p in sorted(RunDir(run_dir).rank_metrics.glob("rank*.json"))]
+def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
+    files = RunDir(run_dir)
+    plan = files.read_plan() if files.plan.is_file() else PlanRecord()
+    estimate = plan.estimate or {}
+    ranks = files.all_rank_metrics()
     losses = series(history, "loss")[1]
     evals = series(history, "eval_loss")[1]
-    lines = [f"run dir: {run_dir}", f"strategy: {plan.get('strategy')}  "
-             f"world size: {plan.get('world_size')}  gpu: {plan.get('gpu')}"]
+    lines = [f"run dir: {run_dir}", f"strategy: {plan.strategy}  "
+             f"world size: {plan.world_size}  gpu: {plan.gpu}"]
     if losses:
         lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
     if evals:
@@ -77,7 +76,7 @@ def summary(run_dir: Path, history: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _memory_lines(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list[str]:
+def _memory_lines(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
     """The per-phase, per-rank table when the run recorded live tensor bytes and the plan
     has per-moment predictions; else (older run dirs) the device totals."""
     table = memory_table(estimate, ranks)
@@ -87,14 +86,14 @@ def _memory_lines(estimate: dict[str, Any], ranks: list[dict[str, Any]]) -> list
     if estimate.get("gpu_bytes"):
         lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
     for rank in ranks:
-        lines.append(f"measured peak memory, rank {rank['rank']}: "
-                     f"{rank['peak_memory_mib'] / 1024:.3f} GiB")
+        lines.append(f"measured peak memory, rank {rank.rank}: "
+                     f"{rank.peak_memory_mib / 1024:.3f} GiB")
     return lines
 
 
-def _time_lines(run_dir: Path, history: list[dict[str, Any]]) -> list[str]:
+def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
     """Measured train time beside the estimator's time for the tokens the run really saw."""
-    final = [row for row in history if "train_loss" in row and "train_runtime" in row]
+    final = [e.values for e in history if "train_loss" in e.values and "train_runtime" in e.values]
     if not final:
         return []
     lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
@@ -119,14 +118,10 @@ def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
     return run_seconds(cfg, run_flops(cfg, tokens))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def report(run_dir: Path) -> tuple[str, Path]:
     """The summary text and the PNG's path."""
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: not a directory. Fix: pass a run dir from outputs/.")
     history = load_history(run_dir)
-    png = draw_png(history, run_dir / "report.png", title=str(run_dir.name))
+    png = draw_png(history, RunDir(run_dir).report_png, title=str(run_dir.name))
     return summary(run_dir, history), png

@@ -17,11 +17,10 @@ without requeueing. A pending job is cancelled by the scheduler.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import launcher.scheduler
 from launcher.errors import ConfigError
@@ -198,18 +197,19 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
     from launcher.checkpoints import latest_complete_checkpoint
 
     lines = [f"run dir: {run_dir.path}"]
-    result = _read_json(run_dir.result)
+    result = run_dir.read_result()
     if result is not None and run_dir.is_finished():
         lines.append(
-            f"run: finished at step {result.get('global_step')}"
-            f" (final train loss {result.get('final_train_loss')}, world size"
-            f" {result.get('world_size')}); model: {result.get('model_dir')}"
+            f"run: finished at step {result.global_step} (final train loss "
+            f"{result.final_train_loss}, world size {result.world_size}); model: "
+            f"{result.model_dir}"
         )
     elif run_dir.cancel_requested.exists():
         lines.append(_cancelled_line(run_dir))
     elif run_dir.preempted.exists():
-        stopped = _read_json(run_dir.preempted) or {}
-        lines.append(f"run: stopped for preemption at step {stopped.get('step')}; requeued")
+        stopped = run_dir.read_preempted()
+        step = stopped.step if stopped else None
+        lines.append(f"run: stopped for preemption at step {step}; requeued")
     else:
         lines.append(f"run: {_progress(run_dir)}")
     checkpoint = latest_complete_checkpoint(run_dir.checkpoints)
@@ -219,26 +219,20 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
 
 
 def _cancelled_line(run_dir: RunDir) -> str:
-    stopped = _read_json(run_dir.preempted)
+    stopped = run_dir.read_preempted()
     if stopped is None:
         return (f"run: stopping (`ftl cancel`): the ranks save a checkpoint at the next step "
                 f"boundary; {_progress(run_dir)}")
-    return (f"run: stopped by `ftl cancel` at step {stopped.get('step')}, not requeued; the "
+    return (f"run: stopped by `ftl cancel` at step {stopped.step}, not requeued; the "
             "same `ftl submit` command resumes from the latest complete checkpoint "
             "(run.resume=auto)")
 
 
 def _progress(run_dir: RunDir) -> str:
-    steps = []
-    if run_dir.metrics.is_file():
-        for line in run_dir.metrics.read_text().splitlines():
-            try:
-                steps.append(int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-    if not steps:
+    events = run_dir.read_metrics()
+    if not events:
         return "not started yet (or no step logged)"
-    return f"running, step {steps[-1]}" + _max_steps_suffix(run_dir)
+    return f"running, step {events[-1].step}" + _max_steps_suffix(run_dir)
 
 
 def _max_steps_suffix(run_dir: RunDir) -> str:
@@ -249,13 +243,6 @@ def _max_steps_suffix(run_dir: RunDir) -> str:
     except Exception:  # noqa: BLE001 - a missing/odd config only loses the "of N"
         return ""
     return f" of {max_steps}" if max_steps > 0 else ""
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def cancel(target: str) -> int:

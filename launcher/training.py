@@ -167,14 +167,14 @@ def make_trainer(
     """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
     from transformers import PrinterCallback, Trainer
 
-    from launcher.callbacks import CheckpointCallback, MetricsCallback, TokenCounter
+    from launcher.callbacks.checkpoint_marker import CheckpointCallback
+    from launcher.callbacks.metrics import MetricsCallback
+    from launcher.callbacks.tokens import TokenCounter
     from launcher.data import collator
     from launcher.preempt import PreemptCallback
 
-    plan = json.loads(run_dir.plan.read_text())
-    metrics = MetricsCallback(
-        run_dir, plan["flops_per_token"], plan["peak_flops_per_device"], resume
-    )
+    plan = run_dir.read_plan()
+    metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
     train_ds, eval_ds = datasets
     trainer = Trainer(
         model=model,

@@ -3,7 +3,7 @@
 Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
 tokenizer -> data -> distributed state -> TrainingArguments -> model -> Trainer -> train
 (resuming from the last complete checkpoint) -> evaluate -> save -> result. What each file
-is and who writes it: launcher/rundir.py. Nothing here exists for tests: they inject their
+is and who writes it: launcher/rundir/. Nothing here exists for tests: they inject their
 probes through `train.callbacks`.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import logging
 import os
 import sys
@@ -29,7 +28,7 @@ from launcher.encode import adopt_chat_template
 from launcher.hardware import gpu_preset
 from launcher.model import apply_peft, build_model, load_tokenizer
 from launcher.preprocess import rank_builds_data, rank_datasets
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, RunResult
 from launcher.training import make_trainer, setup_distributed, training_arguments
 
 
@@ -70,7 +69,7 @@ def train(run_dir: RunDir) -> NoReturn:
         # clear error rather than an endless wait on a killed build's lock.
         extensions.check_build_locks(extensions.use_own_build_cache())
     rank = int(os.environ.get("RANK", "0"))
-    data_dir = Path(json.loads(run_dir.plan.read_text())["data_dir"])
+    data_dir = Path(run_dir.read_plan().data_dir)
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
     timing.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
@@ -95,7 +94,7 @@ def train(run_dir: RunDir) -> NoReturn:
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
     if universal:
-        from launcher.callbacks import UntiedOptimizerSteps
+        from launcher.callbacks.untie import UntiedOptimizerSteps
 
         trainer.add_callback(UntiedOptimizerSteps())
     timing.mark("trainer_built")
@@ -119,14 +118,15 @@ def train(run_dir: RunDir) -> NoReturn:
         trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
     )
     timing.mark("saved")
-    from launcher.callbacks import record_finish, record_memory
+    from launcher.callbacks.memory import record_memory
+    from launcher.callbacks.metrics import record_finish
 
     record_finish(trainer)
     memory = record_memory(trainer, run_dir)  # every rank: a collective
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir)
     result["memory"] = memory
     if trainer.is_world_process_zero():
-        run_dir.result.write_text(json.dumps(result, indent=2) + "\n")
+        run_dir.write_result(RunResult.from_dict(result))
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     finish()
 

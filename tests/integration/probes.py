@@ -21,14 +21,19 @@ import torch
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rundir import PROBES, of_checkpoints_dir
+from launcher.rundir import RunDir
 
 LOGITS_SEED = 1234  # the fixed batch whose logits the saved model must reproduce
 
 
+def run_dir_of(args: TrainingArguments) -> RunDir:
+    """The run dir of a Trainer whose output_dir is RUN_DIR/checkpoints."""
+    return RunDir(Path(args.output_dir).parent)
+
+
 def probes_dir(args: TrainingArguments) -> Path:
     """RUN_DIR/probes (the Trainer's output_dir is RUN_DIR/checkpoints)."""
-    out = of_checkpoints_dir(args.output_dir) / PROBES
+    out = run_dir_of(args).probes
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -24,7 +24,7 @@ import torch
 from launcher.compose import PROJECT_ROOT
 from launcher.launch import Prepared, prepare
 from launcher.planner import resolve_tool
-from launcher.rundir import PROBES, RunDir
+from launcher.rundir import RunDir
 
 # A few optimizer steps of the tiny Llama on the bundled data: long enough for the loss to
 # fall, short enough that the whole suite fits CI's budget on 2 cores.
@@ -81,10 +81,10 @@ class Run:
         return jsonl(RunDir(self.run_dir).launches)
 
     def probe(self, name: str, rank: int) -> dict[str, Any]:
-        return json.loads((self.run_dir / PROBES / f"{name}-rank{rank}.json").read_text())
+        return json.loads((RunDir(self.run_dir).probes / f"{name}-rank{rank}.json").read_text())
 
     def logits(self) -> dict[str, torch.Tensor]:
-        return torch.load(self.run_dir / PROBES / "logits.pt")
+        return torch.load(RunDir(self.run_dir).probes / "logits.pt")
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
@@ -150,6 +150,6 @@ def train(root: Path, name: str, overrides: list[str]) -> Run:
 
 
 def describe_failure(run: Run) -> str:
-    errors = sorted(RunDir(run.run_dir).logs.glob("rank*.error"))
+    errors = RunDir(run.run_dir).rank_errors().values()
     texts = [f"--- {e.name}\n{e.read_text()[-3000:]}" for e in errors]
     return f"rc={run.returncode}\n{run.output[-4000:]}\n" + "\n".join(texts)

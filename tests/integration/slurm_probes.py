@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rundir import PROBES, of_checkpoints_dir
+from launcher.rundir import RunDir
 
 
 def waiting_marker(restart: int, rank: int) -> str:
@@ -40,8 +41,8 @@ class WaitForStop(TrainerCallback):
         if self.done or int(os.environ.get("SLURM_RESTART_COUNT", 0)) != self.restart:
             return
         self.done = True
-        run_dir = of_checkpoints_dir(args.output_dir)
-        probes = run_dir.path / PROBES
+        run_dir = RunDir(Path(args.output_dir).parent)  # output_dir: RUN_DIR/checkpoints
+        probes = run_dir.probes
         probes.mkdir(parents=True, exist_ok=True)
         marker = probes / waiting_marker(self.restart, args.process_index)
         marker.write_text(f"{state.global_step}\n")

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.checkpoints import (
-    COMPLETE_MARKER,
     checkpoint_world_size,
     latest_complete_checkpoint,
     list_checkpoints,
-    write_complete_marker,
 )
+from launcher.rundir import COMPLETE_MARKER, write_complete_marker
 
 
 def make_checkpoint(root: Path, step: int, complete: bool) -> Path:

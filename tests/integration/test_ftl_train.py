@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from launcher.compose import PROJECT_ROOT
+from launcher.rundir import RunDir
 from tests.integration.runs import FAST_TRAIN
 
 pytestmark = pytest.mark.slow
@@ -66,6 +67,10 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     saves = [row for row in history if row.get("event") == "save"]
     assert [row["step"] for row in saves] == [4, 8]
     assert all(row["seconds"] > 0 and row["bytes"] > 10**6 for row in saves), saves
+    # The typed reader sees every kind rank 0 writes, each naming this (first) launch.
+    typed = RunDir(run_dir).read_metrics()
+    assert len(typed) == len(history) and {e.launch for e in typed} == {0}
+    assert {e.kind for e in typed} == {"log", "startup", "finish", "save"}
     ranks = sorted(p.name for p in (run_dir / "metrics").glob("rank*.json"))
     assert ranks == ["rank0.json", "rank1.json"]
     assert all(json.loads((run_dir / "metrics" / r).read_text())["peak_memory_mib"] > 100

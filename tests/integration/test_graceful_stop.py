@@ -43,8 +43,9 @@ from runs import (
 )
 from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
-from launcher.checkpoints import COMPLETE_MARKER, is_complete, list_checkpoints
+from launcher.checkpoints import is_complete, list_checkpoints
 from launcher.compose import PROJECT_ROOT
+from launcher.rundir import COMPLETE_MARKER
 from launcher.supervise import ABORTED_EXIT, STOPPED_EXIT
 
 pytestmark = pytest.mark.slow

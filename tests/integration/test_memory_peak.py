@@ -94,12 +94,11 @@ def memory_run(trained: Callable[..., Run], runs_root: Path) -> Callable[[str], 
 
 
 def plan_estimate(run: Run) -> dict[str, Any]:
-    return json.loads(RunDir(run.run_dir).plan.read_text())["estimate"]
+    return RunDir(run.run_dir).read_plan().estimate
 
 
 def rank_memory(run: Run, rank: int) -> dict[str, Any]:
-    path = RunDir(run.run_dir).rank_metrics / f"rank{rank}.json"
-    return json.loads(path.read_text())["memory"]
+    return RunDir(run.run_dir).read_rank_metrics(rank).memory
 
 
 def measured_activations(run: Run, rank: int = 0) -> int:
@@ -134,8 +133,9 @@ def test_predicted_peak_is_the_measured_peak(
         if "final" in est["moments"]:  # LoRA: the merged save on rank 0, eval elsewhere
             final = est["moments"]["final" if rank == 0 else "final_other_ranks"]
             assert abs(ratio(final, phases["final"]["peak_bytes"]) - 1) <= TOLERANCE
-    assert any("rank 1" in line for line in memory_table(est, [
-        {"rank": r, "memory": rank_memory(run, r)} for r in (0, 1)]))
+    ranks = RunDir(run.run_dir).all_rank_metrics()
+    assert [r.rank for r in ranks] == [0, 1]
+    assert any("rank 1" in line for line in memory_table(est, ranks))
 
 
 @pytest.mark.full

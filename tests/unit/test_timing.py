@@ -183,7 +183,7 @@ def test_token_counter_counts_locally_and_sums_when_read() -> None:
     import torch
     from transformers import Trainer, TrainerControl, TrainerState
 
-    from launcher.callbacks import TokenCounter
+    from launcher.callbacks.tokens import TokenCounter
 
     # The Trainer method it replaces exists in this transformers (else it counts as before).
     assert callable(getattr(Trainer, "_track_num_input_tokens", None))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoints import write_complete_marker
 from launcher.compose import compose_config
 from launcher.errors import ConfigError
 from launcher.hardware import GPU_PRESETS
 from launcher.planner import make_plan, plan_launch
+from launcher.rundir import write_complete_marker
 from launcher.validate import Target, validate
 
 

@@ -1,0 +1,231 @@
+"""The run dir: every file name in it, who writes it, its atomic creation, and the one
+reader and writer of each JSON file (their dataclasses: launcher/rundir/records.py).
+
+The run dir is the contract between the launcher and the ranks. The launcher writes the
+first group (config.yaml, plan.json, launch.sh, the engine settings, hostfile, resume_from,
+the job script) in one atomic step, a hidden temp dir renamed into place, so a run dir
+either exists complete or not at all; after that, each file has exactly one writer (the
+table in docs/design.md; each record's docstring names its writer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from launcher.rundir.records import (
+    CompleteMarker,
+    LaunchRecord,
+    MetricsEvent,
+    PlanRecord,
+    Preempted,
+    RankMetrics,
+    Record,
+    RunResult,
+)
+
+R = TypeVar("R", bound=Record)
+
+CONFIG = "config.yaml"
+PLAN = "plan.json"
+LAUNCH_SCRIPT = "launch.sh"
+DS_CONFIG = "ds_config.json"
+FSDP = "fsdp.json"
+HOSTFILE = "hostfile"
+RESUME_FROM = "resume_from"
+PREEMPT_REQUESTED = "preempt.requested"
+PREEMPTED = "preempted"
+UNIVERSAL = "universal"
+"""RUN_DIR/universal/checkpoint-N: a ZeRO checkpoint converted for this run's world size."""
+CANCEL_REQUESTED = "cancel.requested"
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+RESULT = "result.json"
+LOGS = "logs"
+PROBES = "probes"
+COMPLETE_MARKER = "COMPLETE"
+"""checkpoint-N/COMPLETE: the checkpoint is whole (launcher/checkpoints.py)."""
+
+
+def job_script_name(scheduler: str) -> str:
+    """job.slurm, job.pbs, ...: one batch script per scheduler kind."""
+    return f"job.{scheduler}"
+
+
+def _file(name: str) -> property:
+    return property(lambda self: self.path / name)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run dir, and the one reader and writer of each JSON file in it."""
+
+    path: Path
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    config = _file(CONFIG)
+    plan = _file(PLAN)
+    ds_config = _file(DS_CONFIG)
+    fsdp = _file(FSDP)
+    hostfile = _file(HOSTFILE)
+    resume_from = _file(RESUME_FROM)
+    checkpoints = _file(CHECKPOINTS)
+    model = _file("model")
+    launches = _file("launches.jsonl")
+    metrics = _file(METRICS)
+    rank_metrics = _file("metrics")
+    result = _file(RESULT)
+    tensorboard = _file("tensorboard")
+    logs = _file(LOGS)
+    probes = _file(PROBES)
+    report_png = _file("report.png")
+    job_id = _file("job_id")
+    preempt_requested = _file(PREEMPT_REQUESTED)
+    preempted = _file(PREEMPTED)
+    cancel_requested = _file(CANCEL_REQUESTED)
+
+    def rank_error(self, rank: int | str) -> Path:
+        return self.logs / f"rank{rank}.error"
+
+    def rank_errors(self) -> dict[str, Path]:
+        """rank -> its logs/rank<R>.error (the ranks that failed), by file name."""
+        return {p.stem.removeprefix("rank"): p for p in sorted(self.logs.glob("rank*.error"))}
+
+    def is_finished(self) -> bool:
+        return self.result.is_file() and not self.preempted.exists()
+
+    def read_plan(self) -> PlanRecord:
+        return PlanRecord.from_dict(json.loads(self.plan.read_text()))
+
+    def write_result(self, result: RunResult) -> None:
+        self.result.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+
+    def read_result(self) -> RunResult | None:
+        return _read_optional(self.result, RunResult)
+
+    def write_preempted(self, record: Preempted) -> None:
+        self.preempted.write_text(json.dumps(record.to_dict()) + "\n")
+
+    def read_preempted(self) -> Preempted | None:
+        return _read_optional(self.preempted, Preempted)
+
+    def record_launch(self, world_size: int, resumed_from: str | None,
+                      start_step: int) -> LaunchRecord:
+        """This launch's launches.jsonl line; its number (counted from 0) is decided here
+        only, and every later reader takes it from the last line (`current_launch`)."""
+        record = LaunchRecord(len(self.read_launches()), time.time(), world_size,
+                              resumed_from, start_step)
+        _append(self.launches, record.to_dict())
+        return record
+
+    def read_launches(self) -> list[LaunchRecord]:
+        return [LaunchRecord.from_dict(d) for d in _read_lines(self.launches)]
+
+    def current_launch(self) -> int:
+        launches = self.read_launches()
+        return launches[-1].launch if launches else 0
+
+    def append_metrics(self, event: MetricsEvent) -> None:
+        _append(self.metrics, event.to_dict())
+
+    def read_metrics(self) -> list[MetricsEvent]:
+        """Every event so far; a line still being written (or torn) is skipped."""
+        return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
+
+    def rank_metrics_file(self, rank: int) -> Path:
+        return self.rank_metrics / f"rank{rank}.json"
+
+    def write_rank_metrics(self, record: RankMetrics) -> None:
+        self.rank_metrics.mkdir(exist_ok=True)
+        self.rank_metrics_file(record.rank).write_text(json.dumps(record.to_dict()) + "\n")
+
+    def read_rank_metrics(self, rank: int) -> RankMetrics | None:
+        return _read_optional(self.rank_metrics_file(rank), RankMetrics)
+
+    def all_rank_metrics(self) -> list[RankMetrics]:
+        files = sorted(self.rank_metrics.glob("rank*.json"))
+        return [RankMetrics.from_dict(json.loads(p.read_text())) for p in files]
+
+
+def write_complete_marker(checkpoint: Path, step: int, world_size: int) -> None:
+    """Rank 0 only, after every rank has finished writing `checkpoint`."""
+    marker = CompleteMarker(step, world_size, time.time())
+    write_file_atomic(checkpoint / COMPLETE_MARKER, json.dumps(marker.to_dict()) + "\n")
+
+
+def read_complete_marker(checkpoint: Path) -> CompleteMarker | None:
+    return _read_optional(checkpoint / COMPLETE_MARKER, CompleteMarker)
+
+
+def _read_optional(path: Path, record: type[R]) -> R | None:
+    """None when the file is missing or unreadable (a reader never fails on it)."""
+    try:
+        return record.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _append(path: Path, data: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps(data) + "\n")
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; others (a torn last line) are skipped."""
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
+
+
+def new_run_dir_path(output_dir: str, run_name: str, now: datetime | None = None) -> Path:
+    """outputs/<name>/<timestamp>, with a -N suffix if that second is taken."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path(output_dir) / run_name
+    candidate, counter = base / stamp, 1
+    while candidate.exists():
+        candidate, counter = base / f"{stamp}-{counter}", counter + 1
+    return candidate
+
+
+def write_run_dir(final: Path, files: dict[str, str], executable: tuple[str, ...] = ()) -> Path:
+    """Write `files` (relative name -> text) under `final` atomically; returns `final`."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        staging.mkdir()
+        for name, text in files.items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            if name in executable:
+                target.chmod(0o755)
+        (staging / LOGS).mkdir(exist_ok=True)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def write_file_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """One file, whole or not at all (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)

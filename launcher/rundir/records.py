@@ -1,0 +1,147 @@
+"""One dataclass per JSON run-dir file, its keys on disk the field names (launcher/rundir/
+reads and writes them). `from_dict` ignores unknown keys and fails naming a missing one
+without a default; defaults are for keys older run dirs lack. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Self
+
+
+class Record:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{key: value for key, value in data.items() if key in names})
+        except TypeError as err:  # a missing key: "... missing 1 required ... 'step'"
+            raise ValueError(f"{cls.__name__}: {err}") from None
+
+
+@dataclass(frozen=True)
+class PlanRecord(Record):
+    """plan.json (the launcher): strategy, estimate, FLOPs, command. The ranks read
+    data_dir, flops_per_token, peak_flops_per_device and estimate."""
+
+    overrides: list[str] = field(default_factory=list)
+    strategy: str | None = None
+    strategy_reasons: list[str] = field(default_factory=list)
+    world_size: int | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    gpu: str | None = None
+    precision: str | None = None
+    estimate: dict[str, Any] | None = None
+    """The chosen strategy's estimate row (launcher/estimate.py), with params and flops."""
+    flops_per_token: float = 0.0
+    peak_flops_per_device: float | None = None
+    resume_from: str | None = None
+    data_dir: str | None = None
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunResult(Record):
+    """result.json (rank 0, last): the finished run's summary."""
+
+    global_step: int
+    world_size: int
+    resumed_from: str | None
+    start_step: int
+    first_train_loss: float | None
+    final_train_loss: float | None
+    first_eval_loss: float | None
+    final_eval_loss: float | None
+    tokens_seen: int
+    model_dir: str
+    memory: dict[str, Any] | None = None
+    """predicted_peak_bytes, measured_peak_bytes and measured_rss_bytes per rank."""
+
+
+@dataclass(frozen=True)
+class LaunchRecord(Record):
+    """A launches.jsonl line (rank 0 at train begin): one per launch, numbered from 0."""
+
+    launch: int
+    time: float
+    world_size: int
+    resumed_from: str | None
+    start_step: int
+
+
+@dataclass(frozen=True)
+class RankMetrics(Record):
+    """metrics/rank<R>.json (rank R): its peak memory and tokens seen at train end, and
+    "memory" (launcher/memtrace.py summary: peaks per phase) after the final save."""
+
+    rank: int
+    peak_memory_mib: float = 0.0
+    tokens_seen: int = 0
+    memory: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class CompleteMarker(Record):
+    """checkpoint-N/COMPLETE (rank 0, after every rank wrote its part)."""
+
+    step: int
+    world_size: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Preempted(Record):
+    """preempted (rank 0, once the stop's checkpoint is complete)."""
+
+    step: int
+    time: float
+    reason: str
+
+
+_CORE = ("step", "launch", "time", "event", "peak_memory_mib")
+
+
+@dataclass(frozen=True)
+class MetricsEvent:
+    """A metrics.jsonl line (rank 0), by kind:
+    - "log": the Trainer's log dict in `values` (loss, learning_rate, eval_loss, the final
+      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/callbacks/metrics.py);
+    - "startup" / "finish": seconds per phase in `values` (launcher/timing.py);
+    - "save": `values` {"seconds", "bytes"} of one checkpoint save.
+
+    On disk a log line has no "event" key and its values sit beside step/launch/time; a
+    phase line nests them under its kind ({"event": "startup", "startup": {...}})."""
+
+    step: int
+    launch: int = 0
+    time: float = 0.0
+    kind: str = "log"
+    values: dict[str, Any] = field(default_factory=dict)
+    peak_memory_mib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        head: dict[str, Any] = {"step": self.step, "launch": self.launch, "time": self.time}
+        if self.kind == "log":
+            body = dict(self.values)
+        elif self.kind in ("startup", "finish"):
+            body = {"event": self.kind, self.kind: self.values}
+        else:
+            body = {"event": self.kind, **self.values}
+        return {**head, **body, "peak_memory_mib": self.peak_memory_mib}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsEvent:
+        kind = data.get("event", "log")
+        if kind in ("startup", "finish"):
+            values = dict(data.get(kind) or {})
+        else:
+            values = {k: v for k, v in data.items() if k not in _CORE}
+        return cls(int(data["step"]), int(data.get("launch", 0)), float(data.get("time", 0.0)),
+                   kind, values, data.get("peak_memory_mib"))
