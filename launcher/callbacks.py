@@ -316,6 +316,6 @@ class UntiedOptimizerSteps(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        from launcher.universal import untie_optimizer_steps
+        from launcher.engines.deepspeed.universal import untie_optimizer_steps
 
         untie_optimizer_steps(kw.get("optimizer"))

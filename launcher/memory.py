@@ -20,7 +20,8 @@ Pure arithmetic, no torch/deepspeed import. Sources of each figure:
 
 from __future__ import annotations
 
-from launcher.ds_config import SUB_GROUP_SIZE
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.flops import (
     adapter_params,
     count_params,
@@ -30,7 +31,6 @@ from launcher.flops import (
 )
 from launcher.hardware import GpuPreset, gpu_preset
 from launcher.schema import ModelConfig, RunConfig, StrategyConfig
-from launcher.strategies import effective_zero_stage
 
 GIB = 1024**3
 
@@ -146,7 +146,7 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     psi, largest = count_params(cfg.model), largest_layer_params(cfg.model)
     n, p = cfg.world_size, param_bytes(cfg.precision.name)
     parts = engine_model_state_parts(
-        psi, largest, n, effective_zero_stage(strategy), strategy.offload_optimizer,
+        psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
         strategy.offload_param, p,
     )
     return sum(parts.values()), engine_host_bytes(psi, cfg.cluster.gpus_per_node, n, strategy, p)
@@ -164,14 +164,14 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
     (ADAPTER_BYTES_PER_PARAM each), an over-estimate of a few MB.
     """
     psi = count_params(cfg.model)
-    p = param_bytes(cfg.precision.name) if strategy.backend == "deepspeed" else 4
+    p = param_bytes(cfg.precision.name) if engine_of(strategy).separate_master_weights else 4
     if cfg.peft.bits == 4:
         quantized = cfg.model.num_layers * layer_linear_params(cfg.model)
         base = quantized * QLORA_BYTES_PER_PARAM + (psi - quantized) * p
     else:
         base = float(psi * p)
     adapters = float(adapter_params(cfg) * ADAPTER_BYTES_PER_PARAM)
-    if effective_zero_stage(strategy) < 3:
+    if engine_of(strategy).memory_stage(strategy) < 3:
         return base + adapters, 0.0
     if strategy.offload_param:
         per_node = base * cfg.cluster.gpus_per_node / cfg.world_size

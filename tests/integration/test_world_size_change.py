@@ -10,7 +10,7 @@ DDP checkpoints hold the full model and optimizer; FSDP2's are resharded by
 torch.distributed.checkpoint (sharded, strategy.gather_weights_on_save=false) or loaded
 from the full state dict (the two formats cannot be mixed within a run, so FSDP has a
 chain of each); ZeRO's are converted by rank 0 to DeepSpeed's universal checkpoint and
-loaded with load_universal (launcher/universal.py).
+loaded with load_universal (launcher/engines/deepspeed/universal.py).
 """
 
 from __future__ import annotations

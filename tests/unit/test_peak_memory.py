@@ -256,7 +256,7 @@ def test_construction_above_training_is_said() -> None:
     assert not estimate(cfg_for(*CPU_MODEL)).row("zero2").construction_above_training
 
 
-def test_an_unknown_backend_is_a_clear_error() -> None:
+def test_a_zero_stage_without_moments_is_a_clear_error() -> None:
     bad = StrategyConfig(name="zero0", backend="deepspeed", zero_stage=0)
     with pytest.raises(ValueError, match="no moments for strategy zero0"):
         strategy_moments(peak_inputs(cfg_for(*CPU_MODEL), bad), bad)

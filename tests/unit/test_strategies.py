@@ -10,13 +10,16 @@ import pytest
 
 from launcher.auto import candidates, choose, resolve
 from launcher.compose import compose_config, config_dir
-from launcher.ds_config import build_ds_config, reference_files
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import (
+    build_ds_config,
+    deepspeed_strategies,
+    reference_files,
+)
 from launcher.estimate import estimate
 from launcher.strategies import (
     auto_ladder,
     concrete_strategies,
-    deepspeed_strategies,
-    effective_zero_stage,
     strategy_table,
 )
 
@@ -60,10 +63,10 @@ def test_auto_ladders_fastest_first() -> None:
 
 def test_fsdp_behaves_like_zero3() -> None:
     table = strategy_table()
-    assert effective_zero_stage(table["fsdp"]) == 3
-    assert effective_zero_stage(table["fsdp_offload"]) == 3
-    assert effective_zero_stage(table["zero2"]) == 2
-    assert effective_zero_stage(table["ddp"]) == 0
+    assert engine_of(table["fsdp"]).memory_stage(table["fsdp"]) == 3
+    assert engine_of(table["fsdp_offload"]).memory_stage(table["fsdp_offload"]) == 3
+    assert engine_of(table["zero2"]).memory_stage(table["zero2"]) == 2
+    assert engine_of(table["ddp"]).memory_stage(table["ddp"]) == 0
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.universal import untie_optimizer_steps
+from launcher.engines.deepspeed.universal import untie_optimizer_steps
 
 
 class Wrapper:
