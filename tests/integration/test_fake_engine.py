@@ -4,14 +4,14 @@ estimates and launches it with no change to launcher/ (issue 21)."""
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fake_engine import EXTRA_BYTES, SETTINGS_FILE
 from runs import describe_failure, train
 
-from launcher.compose import compose_config, config_dir
+from launcher.compose import compose_config
 from launcher.errors import ConfigError
 from launcher.estimate import estimate
 from launcher.planner import make_plan
@@ -23,18 +23,10 @@ backend: tests.integration.fake_engine:FakeEngine
 """
 
 
-@pytest.fixture
-def site_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    site = tmp_path / "configs"
-    shutil.copytree(config_dir(), site)
-    (site / "strategy" / "fake_ddp.yaml").write_text(FAKE_STRATEGY)
-    monkeypatch.setenv("FTL_CONFIG_DIR", str(site))
-    return site
-
-
 def test_a_new_engine_is_planned_validated_estimated_and_launched(
-    site_configs: Path, runs_root: Path,
+    site_strategy: Callable[[str], Path], runs_root: Path,
 ) -> None:
+    site_strategy(FAKE_STRATEGY)
     fake = ["strategy=fake_ddp", "cluster.gpus_per_node=2"]
     with pytest.raises(ConfigError) as refused:  # its rule and the launcher rule, together
         validate(compose_config([*fake, "strategy.bucket_size=13",

@@ -3,7 +3,7 @@ strategy is a new YAML file and nothing else."""
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,13 +70,8 @@ def test_fsdp_behaves_like_zero3() -> None:
 
 
 @pytest.fixture
-def site_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of configs/ with one more strategy YAML, used through FTL_CONFIG_DIR."""
-    site = tmp_path / "configs"
-    shutil.copytree(config_dir(), site)
-    (site / "strategy" / "zero2_nocomm.yaml").write_text(NEW_STRATEGY)
-    monkeypatch.setenv("FTL_CONFIG_DIR", str(site))
-    return site
+def site_configs(site_strategy: Callable[[str], Path]) -> Path:
+    return site_strategy(NEW_STRATEGY)
 
 
 def test_a_new_yaml_is_a_new_strategy_everywhere(site_configs: Path) -> None:
