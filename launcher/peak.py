@@ -105,11 +105,6 @@ class PeakPrediction:
         return self.moments["construction"] > max(
             self.steady_bytes, self.moments["checkpoint"])
 
-    def rank_peak_bytes(self, rank: int) -> float:
-        """The run's peak on `rank`: only rank 0 holds the gathered checkpoint (and, with
-        LoRA, the merged final model)."""
-        return self.peak_bytes if rank == 0 else other_ranks_peak(self.moments)
-
 
 def other_ranks_peak(moments: dict[str, float]) -> float:
     """The run's peak on every rank but 0: all moments but those only rank 0 reaches."""
