@@ -45,7 +45,7 @@ estimate: venv
 	$(BIN)/ftl estimate $(OVERRIDES)
 
 ds-configs: venv
-	$(BIN)/python -m launcher.ds_config --write-all ds_configs
+	$(BIN)/python -m launcher.engines.deepspeed.ds_config --write-all ds_configs
 
 data: venv
 	$(BIN)/python scripts/make_data.py

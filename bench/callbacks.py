@@ -88,7 +88,7 @@ class StateBytes(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, optimizer: Any = None, **kw: Any) -> None:
-        from launcher.universal import innermost_optimizer
+        from launcher.engines.deepspeed.universal import innermost_optimizer
 
         inner = innermost_optimizer(optimizer)
         if inner is not None and hasattr(inner, "register_step_pre_hook"):

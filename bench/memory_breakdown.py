@@ -325,16 +325,16 @@ def predicted(strategy: str, extra: list[str]) -> dict[str, Any]:
     """launcher/memory.py's per-rank terms and launcher/peak.py's moments for the same run."""
     sys.path.insert(0, str(ROOT))
     from launcher.compose import compose_config
+    from launcher.engines import engine_of
     from launcher.estimate import strategy_estimate
     from launcher.flops import count_params, largest_layer_params
     from launcher.memory import engine_model_state_parts, param_bytes
-    from launcher.strategies import effective_zero_stage
 
     cfg = compose_config([*OVERRIDES, *extra, f"strategy={strategy}"])
     s = cfg.strategy
     parts = engine_model_state_parts(
         count_params(cfg.model), largest_layer_params(cfg.model), cfg.world_size,
-        effective_zero_stage(s), s.offload_optimizer, s.offload_param,
+        engine_of(s).memory_stage(s), s.offload_optimizer, s.offload_param,
         param_bytes(cfg.precision.name))
     row = strategy_estimate(cfg, s, None)
     return {**{f"est_{k}": float(v) for k, v in parts.items()},

@@ -47,15 +47,15 @@ def predicted_state_bytes(strategy: str) -> float:
     """The estimator's per-rank model states at the start of an optimizer step."""
     sys.path.insert(0, str(ROOT))
     from launcher.compose import compose_config
+    from launcher.engines import engine_of
     from launcher.flops import count_params, largest_layer_params
     from launcher.memory import engine_model_state_parts, param_bytes
-    from launcher.strategies import effective_zero_stage
 
     cfg = compose_config([*OVERRIDES, f"strategy={strategy}"])
     s = cfg.strategy
     psi, n, p = count_params(cfg.model), cfg.world_size, param_bytes(cfg.precision.name)
     parts = engine_model_state_parts(psi, largest_layer_params(cfg.model), n,
-                                     effective_zero_stage(s), s.offload_optimizer,
+                                     engine_of(s).memory_stage(s), s.offload_optimizer,
                                      s.offload_param, p)
     device = parts["params"] + parts["grads"] + parts["optimizer"]
     host = (16 + (p if s.offload_param else 0)) * psi / n if s.offload_optimizer else 0.0

@@ -148,7 +148,7 @@ def spec_for(strategy: str, overrides: list[str], work: Path, data: dict[str, An
     # is another training (stage 2 would hold every gradient until the end of the backward).
     zero_block = None
     if zero.backend == "deepspeed":
-        from launcher.ds_config import build_ds_config
+        from launcher.engines.deepspeed.ds_config import build_ds_config
 
         zero_block = build_ds_config(cfg)["zero_optimization"]
     return {

@@ -19,12 +19,7 @@ import copy
 from launcher.estimate import Estimate, StrategyEstimate, estimate
 from launcher.memory import FIT_FRACTION, GIB
 from launcher.schema import RunConfig
-from launcher.strategies import (  # noqa: F401 - CHOSEN_FIELDS: tests import it here
-    CHOSEN_FIELDS,
-    auto_ladder,
-    strategy_table,
-    with_user_settings,
-)
+from launcher.strategies import auto_ladder, strategy_table, with_user_settings
 
 
 def is_auto(cfg: RunConfig) -> bool:

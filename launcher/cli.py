@@ -43,16 +43,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 @verb("ds-config", "print (or write with -o FILE) the DeepSpeed config for the overrides")
 def cmd_ds_config(args: argparse.Namespace) -> int:
+    from launcher import rundir
+    from launcher.engines.deepspeed.ds_config import deepspeed_strategies
     from launcher.launch import check
     from launcher.planner import make_plan
 
     plan = make_plan(check(args.overrides, "plan"))
-    if plan.ds_config is None:
+    if plan.settings_file != rundir.DS_CONFIG or plan.settings is None:
+        names = ", ".join(deepspeed_strategies())
         raise ConfigError(
             f"strategy={plan.cfg.strategy.name}: not a DeepSpeed strategy, so there is no "
-            "ds_config. Fix: strategy=zero1|zero2|zero2_offload|zero3|zero3_offload."
+            f"ds_config. Fix: strategy= one of {names}."
         )
-    text = json.dumps(plan.ds_config, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(plan.settings, indent=2, sort_keys=True) + "\n"
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")

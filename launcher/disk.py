@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.engines import engine_of
 from launcher.rundir import RunDir
 from launcher.schema import RunConfig
 
@@ -38,7 +39,7 @@ def weight_bytes(cfg: RunConfig) -> int:
 
 def checkpoint_bytes(cfg: RunConfig, params: int, trainable: int) -> int:
     saved = trainable if cfg.peft.name != "none" else params
-    master = 4 if cfg.strategy.backend == "deepspeed" else 0
+    master = 4 if engine_of(cfg.strategy).separate_master_weights else 0
     return saved * weight_bytes(cfg) + trainable * (8 + master)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from launcher.engines import is_auto
 from launcher.flops import count_params, run_flops, run_seconds, trainable_params, training_tokens
 from launcher.hardware import gpu_preset
 from launcher.memory import (
@@ -111,7 +112,7 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
     (and a concrete strategy missing from the table, e.g. a config.yaml read back from an
     older run dir, gets a row of its own at the end)."""
     table = concrete_strategies()
-    if cfg.strategy.backend != "auto" and cfg.strategy.name != "auto":
+    if not is_auto(cfg.strategy):
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
     elif cfg.strategy.name == "auto":  # what auto's resolve would run (e.g. bucket_size)
         table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}

@@ -3,13 +3,14 @@
 Pure arithmetic, no torch/deepspeed import. Sources of each figure:
 
 - Model states: what the DeepSpeed engine (or torch DDP) really allocates, read from its
-  source and measured on live engines; see ENGINE_ACCOUNTING_NOTES. Precision-aware.
+  source and measured on live engines (docs/memory-notes.md, "Engine accounting").
+  Precision-aware.
   DeepSpeed's own estimator functions are what tests/unit/test_estimate.py compares it
   with, not used here: they assume 16-bit training and under-count ZeRO-3 by one 16-bit
   partition.
 - Activations: fitted to live tensor bytes measured at the forward's end (2 CPU ranks,
-  fp32; docs/memory-notes.md section 4): `activation_bytes`. Korthikanti et al. 2022
-  (arXiv 2205.05198, `korthikanti_layer_bytes`) is kept as the published reference.
+  fp32; docs/memory-notes.md section 4): `activation_bytes` (Korthikanti et al. 2022,
+  arXiv 2205.05198, was the estimator before: s*b*h*(34 + 5as/h) bytes per layer).
 - The per-rank PEAK (what a run measures) is a max over moments: launcher/peak.py. The
   model-state figures here are the states at the optimizer step's start (the "states"
   column) and the offloaded host RAM per node.
@@ -20,7 +21,8 @@ Pure arithmetic, no torch/deepspeed import. Sources of each figure:
 
 from __future__ import annotations
 
-from launcher.ds_config import SUB_GROUP_SIZE
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.flops import (
     adapter_params,
     count_params,
@@ -30,7 +32,6 @@ from launcher.flops import (
 )
 from launcher.hardware import GpuPreset, gpu_preset
 from launcher.schema import ModelConfig, RunConfig, StrategyConfig
-from launcher.strategies import effective_zero_stage
 
 GIB = 1024**3
 
@@ -51,31 +52,6 @@ ADAPTER_BYTES_PER_PARAM = 16
 ZERO3_SUB_GROUP_SIZE = SUB_GROUP_SIZE
 """ZeRO-3 `sub_group_size` the ds_config writes: fp32 grads exist one sub-group at a time."""
 
-ENGINE_ACCOUNTING_NOTES = """\
-engine accounting: what DeepSpeed 0.19.8 holds per rank, read from stage_1_and_2.py /
-stage3.py and measured (every live tensor summed on 2 CPU ranks and 1, tiny Llama, bf16
-and fp32). psi = parameters, N = world size, p = 2 (fp16/bf16) or 4 (fp32), L = largest layer.
-  zero1, zero2: p*psi + (16 + g)*psi/N; 16 = fp32 grads 4 + fp32 master 4 + Adam 8 of the
-         partition; g = 2 in 16-bit (the 16-bit grad partition is still alive while it is
-         cast to fp32 inside step(): read from the source, too brief for a snapshot at the
-         step's start to see), 0 in fp32. Stage 1 held exactly what stage 2 held.
-         For 16-bit this equals DeepSpeed's 2*psi + 18*psi/N.
-  zero3: (2p + 12)*psi/N + 4*min(sub_group_size, psi/N) + 2p*L: 16-bit param and grad
-         partitions stay allocated, fp32 grads exist one sub-group at a time, one layer's
-         params + grads are gathered. DeepSpeed's function says 4L + 18*psi/N (it leaves
-         out one 16-bit partition): measured 20.05 bytes/param at N=1, 10.05 at N=2.
-  offload: GPU keeps the 16-bit params (zero2_offload) or only the gathered layer
-         (zero3_offload); host per node = (16 [+ p with offload_param]) * psi *
-         gpus_per_node / N * 1.5 (DeepSpeed's additional_buffer_factor). On CPU, where
-         "GPU" and host are the same memory, a rank held (fp32, N=2) 15.6 bytes/param with
-         zero2_offload (predicted 4 + 12 = 16.0) and 12.1 with zero3_offload (predicted
-         15.0: the 1.5 factor is headroom there).
-  ddp:   torch DDP under the HF Trainer: fp32 weights with autocast, 4 params + 4 grads +
-         4 bucket copy of the grads (gradient_as_bucket_view=False) + 8 Adam = 20*psi.
-         Not measured (the reducer's buckets are not Python-visible).
-  fsdp / fsdp_offload: counted as zero3 / zero3_offload (this states figure only; the
-         predicted peak has FSDP's own moments: launcher/peak.py).
-"""
 
 
 # ---------------------------------------------------------------- model states
@@ -91,7 +67,8 @@ def engine_model_state_parts(
     param_bytes: int = 2,
     sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
 ) -> dict[str, float]:
-    """Bytes per GPU the engine holds at its peak, by kind (see ENGINE_ACCOUNTING_NOTES).
+    """Bytes per GPU the engine holds at its peak, by kind (docs/memory-notes.md, "Engine
+    accounting").
 
     Keys: params, grads, optimizer (fp32 master + Adam m, v), gathered (ZeRO-3's working
     set of one layer's full params and grads; 0 elsewhere), transient (alive only inside
@@ -146,7 +123,7 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     psi, largest = count_params(cfg.model), largest_layer_params(cfg.model)
     n, p = cfg.world_size, param_bytes(cfg.precision.name)
     parts = engine_model_state_parts(
-        psi, largest, n, effective_zero_stage(strategy), strategy.offload_optimizer,
+        psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
         strategy.offload_param, p,
     )
     return sum(parts.values()), engine_host_bytes(psi, cfg.cluster.gpus_per_node, n, strategy, p)
@@ -164,14 +141,14 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
     (ADAPTER_BYTES_PER_PARAM each), an over-estimate of a few MB.
     """
     psi = count_params(cfg.model)
-    p = param_bytes(cfg.precision.name) if strategy.backend == "deepspeed" else 4
+    p = param_bytes(cfg.precision.name) if engine_of(strategy).separate_master_weights else 4
     if cfg.peft.bits == 4:
         quantized = cfg.model.num_layers * layer_linear_params(cfg.model)
         base = quantized * QLORA_BYTES_PER_PARAM + (psi - quantized) * p
     else:
         base = float(psi * p)
     adapters = float(adapter_params(cfg) * ADAPTER_BYTES_PER_PARAM)
-    if effective_zero_stage(strategy) < 3:
+    if engine_of(strategy).memory_stage(strategy) < 3:
         return base + adapters, 0.0
     if strategy.offload_param:
         per_node = base * cfg.cluster.gpus_per_node / cfg.world_size
@@ -180,11 +157,6 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
 
 
 # ---------------------------------------------------------------- activations and buffers
-
-
-def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, scores: bool = True) -> float:
-    """Activation bytes one transformer layer stores in 16-bit (Korthikanti et al. 2022)."""
-    return s * b * h * (34 + (5 * a * s / h if scores else 0))
 
 
 def layer_activation_elements(model: ModelConfig) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from launcher.engines import engine_of
 from launcher.hardware import gpu_preset
 from launcher.schema import RunConfig
 
@@ -26,7 +27,7 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
     """From cfg.model.path (local dir or hub id), else from the architecture numbers.
     Under FSDP every rank but 0 builds an unfilled model (`unfilled_model`): accelerate
     fills each rank's shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
-    launcher/fsdp.py)."""
+    launcher/engines/fsdp/settings.py)."""
     from transformers import AutoModelForCausalLM, set_seed
 
     set_seed(cfg.train.seed)  # identical initial weights on every rank
@@ -42,10 +43,11 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
 
 
 def fills_from_rank_0(cfg: RunConfig) -> bool:
-    """FSDP ranks other than 0: without this every rank built (or read) the whole model on
-    its host before sharding, N full copies per node (transformers 5.24's from_pretrained
-    has no rank-0-only path for FSDP: docs/stack-notes.md)."""
-    return cfg.strategy.backend == "fsdp" and int(os.environ.get("RANK", "0")) != 0
+    """Ranks other than 0 of an engine that fills them from rank 0 (FSDP): without this
+    every rank built (or read) the whole model on its host before sharding, N full copies
+    per node (transformers 5.24's from_pretrained has no rank-0-only path for FSDP:
+    docs/stack-notes.md)."""
+    return engine_of(cfg.strategy).fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0
 
 
 def unfilled_model(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -106,7 +108,7 @@ def build_device(cfg: RunConfig) -> str:
     offloaded parameters."""
     strategy = cfg.strategy
     if (gpu_preset(cfg.cluster.gpu).is_cpu or strategy.offload_param
-            or strategy.zero_stage == 3 or strategy.backend == "fsdp"):
+            or engine_of(strategy).memory_stage(strategy) == 3):
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 

@@ -14,8 +14,7 @@ from omegaconf import OmegaConf
 
 from launcher import rundir
 from launcher.command import Launch, build_launch, render_argv, render_command
-from launcher.ds_config import build_ds_config
-from launcher.fsdp import build_fsdp_settings
+from launcher.engines import engine_of
 from launcher.rundir.records import PlanRecord
 from launcher.schema import RunConfig
 from launcher.validate import Checked
@@ -26,8 +25,9 @@ class Plan:
     cfg: RunConfig
     strategy_reasons: list[str] = field(default_factory=list)
     estimate: dict[str, Any] | None = None
-    ds_config: dict[str, Any] | None = None
-    fsdp_settings: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    """The engine's settings (ds_config, FSDP), written to RUN_DIR/`settings_file`."""
+    settings_file: str | None = None
     resume_from: Path | None = None
     data_dir: Path | None = None
     flops_per_token: float = 0.0
@@ -48,10 +48,8 @@ def make_plan(checked: Checked) -> Plan:
         flops_per_token=flops_per_token(cfg),
         peak_flops_per_device=peak_flops_per_device(cfg),
     )
-    if cfg.strategy.backend == "deepspeed":
-        plan.ds_config = build_ds_config(cfg)
-    elif cfg.strategy.backend == "fsdp":
-        plan.fsdp_settings = build_fsdp_settings(cfg)
+    engine = engine_of(cfg.strategy)
+    plan.settings, plan.settings_file = engine.settings(cfg), engine.settings_file
     return plan
 
 
@@ -81,10 +79,8 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
         rundir.PLAN: _dump(plan_record(plan, launch, overrides).to_dict()),
         rundir.LAUNCH_SCRIPT: launch_script(launch, overrides),
     }
-    if plan.ds_config is not None:
-        files[rundir.DS_CONFIG] = _dump(plan.ds_config)
-    if plan.fsdp_settings is not None:
-        files[rundir.FSDP] = _dump(plan.fsdp_settings)
+    if plan.settings is not None and plan.settings_file is not None:
+        files[plan.settings_file] = _dump(plan.settings)
     if launch.hostfile is not None:
         files[rundir.HOSTFILE] = launch.hostfile
     if plan.resume_from is not None:
@@ -136,10 +132,9 @@ def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
     parts += [f"#   {reason}" for reason in plan.strategy_reasons]
     if plan.estimate:
         parts += ["", "# estimate (per GPU)", _render_estimate(plan.estimate)]
-    if plan.ds_config is not None:
-        parts += ["", "# ds_config.json", _dump(plan.ds_config).rstrip()]
-    if plan.fsdp_settings is not None:
-        parts += ["", "# FSDP settings (fsdp.json)", _dump(plan.fsdp_settings).rstrip()]
+    if plan.settings is not None:
+        parts += ["", f"# {cfg.strategy.backend} settings ({plan.settings_file})",
+                  _dump(plan.settings).rstrip()]
     parts += ["", f"# launch ({cfg.world_size} processes on {cfg.cluster.nodes} node(s))"]
     if launch.per_node:
         needed = " ".join(f"{name}=..." for name in launch.shell_vars)

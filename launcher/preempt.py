@@ -150,13 +150,6 @@ def vote(flag: bool, interval: int) -> tuple[bool, int]:
     return bool(stop), max(1, -int(negative))
 
 
-def agreed(flag: bool) -> bool:
-    """True on every rank when it is True on any rank (all-reduce MAX); local without a group."""
-    if not _distributed():
-        return flag
-    return vote(flag, 1)[0]
-
-
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 

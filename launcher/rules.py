@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from launcher.ds_config import OPTIMIZERS
+from launcher.engines import backend_problems, engine_of
+from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
 from launcher.formats import FIELDS, FORMATS, unknown_renames
 from launcher.hardware import GPU_PRESETS
 from launcher.scheduler import SCHEDULERS
 from launcher.schema import RunConfig
-from launcher.strategies import BACKENDS, strategy_table
+from launcher.strategies import strategy_table
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "precision.name": ("fp32", "fp16", "bf16"),
-    "strategy.backend": BACKENDS,
+    "precision.name": PRECISIONS,
     "cluster.launcher": ("torchrun", "deepspeed"),
     "cluster.gpu": tuple(GPU_PRESETS),
     "peft.name": ("none", "lora", "qlora"),
@@ -45,6 +45,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
 
 def strategy_problems(cfg: RunConfig) -> list[str]:
     """Rules on the strategy the run will use (after strategy=auto is resolved)."""
+    if backend_problems(cfg.strategy):
+        return []  # config_problems names it
     rules: list[Rule] = [_strategy, _peft]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -66,6 +68,7 @@ def _choices(cfg: RunConfig) -> list[str]:
             f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
             "Fix: pick one."
         )
+    problems += backend_problems(cfg.strategy)
     table = strategy_table()
     if cfg.strategy.name not in table:
         problems.append(
@@ -135,40 +138,13 @@ def _precision(cfg: RunConfig) -> list[str]:
 
 
 def _strategy(cfg: RunConfig) -> list[str]:
-    strategy, problems = cfg.strategy, []
-    backend, stage = strategy.backend, strategy.zero_stage
-    if backend == "deepspeed" and stage not in (1, 2, 3):
+    strategy, engine = cfg.strategy, engine_of(cfg.strategy)
+    problems = engine.problems(cfg)
+    if cfg.cluster.launcher not in engine.launchers:
         problems.append(
-            f"strategy.zero_stage={stage}: DeepSpeed strategies use ZeRO stage 1, 2 or 3. "
-            "Fix: strategy=zero1|zero2|zero3, or strategy=ddp for no sharding."
-        )
-    if backend in ("ddp", "fsdp") and stage != 0:
-        problems.append(
-            f"strategy.zero_stage={stage} with strategy={strategy.name} ({backend}): ZeRO stages "
-            f"apply to DeepSpeed only. Fix: strategy=zero{stage} or strategy.zero_stage=0."
-        )
-    if strategy.offload_param and backend == "deepspeed" and stage != 3:
-        problems.append(
-            f"strategy.offload_param=true with ZeRO stage {stage}: parameter offload needs "
-            "ZeRO-3. Fix: strategy=zero3_offload, or strategy.offload_param=false."
-        )
-    if backend == "ddp" and (strategy.offload_param or strategy.offload_optimizer):
-        problems.append(
-            "strategy=ddp with offload: DDP keeps everything on the GPU. "
-            "Fix: strategy=zero2_offload, zero3_offload or fsdp_offload."
-        )
-    if backend == "fsdp" and strategy.offload_param != strategy.offload_optimizer:
-        # FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state together.
-        problems.append(
-            f"strategy.offload_param={_yaml(strategy.offload_param)} and "
-            f"strategy.offload_optimizer={_yaml(strategy.offload_optimizer)} with "
-            f"strategy={strategy.name}: FSDP offloads parameters and optimizer state together. "
-            "Fix: set both the same (strategy=fsdp_offload sets both true)."
-        )
-    if backend == "fsdp" and cfg.cluster.launcher == "deepspeed":
-        problems.append(
-            f"strategy={strategy.name} with cluster.launcher=deepspeed: FSDP is started by "
-            "torchrun, not the deepspeed launcher. Fix: cluster.launcher=torchrun."
+            f"strategy={strategy.name} with cluster.launcher={cfg.cluster.launcher}: the "
+            f"{engine.name} engine is started by {' or '.join(engine.launchers)} only. "
+            f"Fix: cluster.launcher={engine.launchers[0]}."
         )
     return problems
 
@@ -239,7 +215,7 @@ def _peft(cfg: RunConfig) -> list[str]:
             f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
             "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."
         )
-    if peft.name == "qlora" and (cfg.strategy.backend == "fsdp" or cfg.strategy.zero_stage == 3):
+    if peft.name == "qlora" and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3:
         problems.append(
             f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
             "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
@@ -345,10 +321,6 @@ def _module_exists(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _yaml(value: bool) -> str:
-    return "true" if value else "false"
 
 
 WRITTEN_NAMES = {  # key: its root, where it goes, a plain name (the roots are the user's)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from launcher.engines import in_auto_ladder, is_auto
 from launcher.schema import StrategyConfig
 
-BACKENDS: tuple[str, ...] = ("ddp", "deepspeed", "fsdp", "auto")
 # Fields strategy=auto sets from the chosen strategy's YAML; every other strategy.* value the
 # user gave next to strategy=auto (overlap_comm, bucket_size, ...) is kept.
 CHOSEN_FIELDS = (
@@ -44,27 +44,18 @@ def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
 
 def concrete_strategies(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
     """Every strategy a run can use (not `auto`, which resolves to one of them)."""
-    return {n: s for n, s in strategy_table(config_dir).items() if s.backend != "auto"}
-
-
-def deepspeed_strategies(config_dir: Path | None = None) -> tuple[str, ...]:
-    return tuple(n for n, s in strategy_table(config_dir).items() if s.backend == "deepspeed")
+    return {n: s for n, s in strategy_table(config_dir).items() if not is_auto(s)}
 
 
 def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[str, ...]:
-    """strategy=auto's candidates, fastest first: ddp plus the strategies of one sharding
-    backend (deepspeed by default; fsdp when asked with strategy.backend=fsdp)."""
-    family = "fsdp" if sharding_backend == "fsdp" else "deepspeed"
+    """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
+    those of one sharding engine (deepspeed by default; fsdp when asked with
+    strategy.backend=fsdp)."""
     ranked = [
         s for s in concrete_strategies(config_dir).values()
-        if s.auto_rank >= 0 and s.backend in ("ddp", family)
+        if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
     ]
     return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
-
-
-def effective_zero_stage(strategy: StrategyConfig) -> int:
-    """The ZeRO stage a strategy's memory behaves like: FSDP shards everything (stage 3)."""
-    return 3 if strategy.backend == "fsdp" else strategy.zero_stage
 
 
 def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:

@@ -20,6 +20,7 @@ and "imports" show as one phase.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -107,8 +108,10 @@ def import_stack(cfg: RunConfig, builds_data: bool = False) -> None:
             sys.modules.setdefault(name, None)  # type: ignore[assignment]
     import transformers.trainer  # noqa: F401
 
-    if cfg.strategy.backend == "deepspeed":
-        import deepspeed  # noqa: F401
+    from launcher.engines import engine_of
+
+    for library in engine_of(cfg.strategy).libraries:
+        importlib.import_module(library)
     mark("imported")
 
 
@@ -118,17 +121,18 @@ HEAVY = ("transformers", "accelerate", "peft", "bitsandbytes", "deepspeed", "dat
 def unused_libraries(cfg: RunConfig, builds_data: bool = False) -> tuple[str, ...]:
     """Installed libraries a run never touches: peft without PEFT, bitsandbytes without
     QLoRA (LoRA does not use it), both only on a model built from config or from a local
-    plain (unquantized, non-adapter) checkpoint; deepspeed under ddp and fsdp; `datasets`
-    in a rank that does not tokenize (it reads the finished data with pyarrow,
-    preprocess.load_rows)."""
+    plain (unquantized, non-adapter) checkpoint; an engine's own library (deepspeed) under
+    the other engines; `datasets` in a rank that does not tokenize (it reads the finished
+    data with pyarrow, preprocess.load_rows)."""
     hidden: list[str] = []
     plain = _plain_model(cfg.model.path)
     if cfg.peft.name == "none" and plain:
         hidden.append("peft")
     if cfg.peft.name != "qlora" and plain:
         hidden.append("bitsandbytes")
-    if cfg.strategy.backend in ("ddp", "fsdp"):
-        hidden.append("deepspeed")
+    from launcher.engines import ENGINE_LIBRARIES, engine_of
+
+    hidden += [lib for lib in ENGINE_LIBRARIES if lib not in engine_of(cfg.strategy).libraries]
     if not builds_data:
         hidden.append("datasets")
     return tuple(hidden)

@@ -5,40 +5,21 @@ The CPU workarounds are the ones measured in docs/stack-notes.md; each says why 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-import torch
-
+from launcher.engines import engine_of
 from launcher.rundir import RunDir
 from launcher.schema import RunConfig
 
 
 def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
-    """Pre-configure accelerate where its own detection is wrong on CPU.
-
-    Returns the TrainingArguments accelerator_config. On GPUs accelerate gets it right.
-    """
-    backend = cfg.strategy.backend
+    """Pre-configure accelerate where its own detection is wrong on CPU (the engine's
+    part); returns the TrainingArguments accelerator_config. On GPUs accelerate gets it
+    right."""
     if on_cpu:
         keep_freed_memory()
-    if not on_cpu or backend == "ddp":
-        return {}  # ddp on CPU: use_cpu=True + gloo is detected correctly
-    from accelerate import PartialState
-    from accelerate.utils import DistributedType
-
-    if backend == "deepspeed":
-        # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
-        # as a single process (unsharded data or a train_batch_size assertion).
-        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
-        PartialState(backend="gloo")
-    else:
-        # fsdp: with use_cpu accelerate picks MULTI_CPU and silently ignores FSDP (plain
-        # DDP). Claiming MULTI_GPU makes it apply FSDP2 (fully_shard) over gloo on CPU.
-        state = PartialState(cpu=True, backend="gloo")
-        state.distributed_type = DistributedType.MULTI_GPU
-    return {"use_configured_state": True}
+    return engine_of(cfg.strategy).setup_distributed(on_cpu)
 
 
 MMAP_THRESHOLD_BYTES = 32 * 2**20
@@ -74,11 +55,7 @@ def training_arguments(
 ) -> Any:
     from transformers import TrainingArguments
 
-    t, backend = cfg.train, cfg.strategy.backend
-    bf16, fp16 = cfg.precision.name == "bf16", cfg.precision.name == "fp16"
-    # bf16 + DeepSpeed on CPU: TrainingArguments(bf16=True) refuses CPU without use_cpu, and
-    # bf16 only in the ds_config is a Trainer mismatch; both are switched on afterwards.
-    late_bf16 = bf16 and on_cpu and backend == "deepspeed"
+    t, engine = cfg.train, engine_of(cfg.strategy)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir.tensorboard))
     kwargs: dict[str, Any] = dict(
         output_dir=str(run_dir.checkpoints),
@@ -105,10 +82,9 @@ def training_arguments(
         eval_on_start=t.eval_on_start and not resuming,
         seed=t.seed,
         data_seed=t.seed,
-        # Under FSDP, fsdp_config.activation_checkpointing does it (launcher/fsdp.py).
-        activation_checkpointing=t.gradient_checkpointing and backend != "fsdp",
-        bf16=bf16 and not late_bf16,
-        fp16=fp16,
+        activation_checkpointing=t.gradient_checkpointing,
+        bf16=cfg.precision.name == "bf16",
+        fp16=cfg.precision.name == "fp16",
         report_to=["tensorboard"] if _has_tensorboard() else "none",
         include_num_input_tokens_seen="all",
         accelerator_config=accelerator_config or None,
@@ -117,39 +93,15 @@ def training_arguments(
     )
     if on_cpu:
         kwargs.update(
-            use_cpu=backend != "deepspeed",
+            use_cpu=True,
             ddp_backend="gloo",
             optim="adamw_torch",
             dataloader_pin_memory=False,  # pinning needs an accelerator
         )
-    if backend == "deepspeed":
-        kwargs["deepspeed"] = _ds_config(run_dir, late_bf16, load_universal)
-    elif backend == "fsdp":
-        kwargs.update(json.loads(run_dir.fsdp.read_text()))
+    kwargs.update(engine.trainer_kwargs(cfg, run_dir, on_cpu, load_universal))
     args = TrainingArguments(**kwargs)
-    if late_bf16:
-        args.bf16 = True
-        args.hf_deepspeed_config.config["bf16"] = {"enabled": True}
-        args.hf_deepspeed_config._dtype = torch.bfloat16
-    if backend == "fsdp":
-        from launcher.fsdp import fsdp_plugin_overrides
-
-        # e.g. CPUOffloadPolicy(pin_memory=False): the default pins memory, needing a GPU.
-        args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))
+    engine.finish_arguments(args, cfg, on_cpu)
     return args
-
-
-def _ds_config(run_dir: RunDir, disable_bf16: bool, load_universal: bool) -> str | dict[str, Any]:
-    """RUN_DIR/ds_config.json as written, or with this launch's changes: bf16 enabled late
-    (CPU), a universal checkpoint to load (launcher/universal.py)."""
-    if not (disable_bf16 or load_universal):
-        return str(run_dir.ds_config)
-    config = json.loads(run_dir.ds_config.read_text())
-    if disable_bf16:
-        config["bf16"] = {"enabled": False}
-    if load_universal:
-        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
-    return config
 
 
 def _has_tensorboard() -> bool:

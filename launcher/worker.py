@@ -21,10 +21,11 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher import extensions, memtrace, timing
+from launcher import memtrace, timing
 from launcher.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.compose import to_run_config
 from launcher.encode import adopt_chat_template
+from launcher.engines import engine_of
 from launcher.hardware import gpu_preset
 from launcher.model import apply_peft, build_model, load_tokenizer
 from launcher.preprocess import rank_builds_data, rank_datasets
@@ -64,10 +65,8 @@ def release_deepspeed_shm() -> None:
 def train(run_dir: RunDir) -> NoReturn:
     cfg = to_run_config(OmegaConf.load(run_dir.config))
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    if cfg.strategy.backend == "deepspeed":
-        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
-        # clear error rather than an endless wait on a killed build's lock.
-        extensions.check_build_locks(extensions.use_own_build_cache())
+    engine = engine_of(cfg.strategy)
+    engine.prepare_rank(cfg)
     rank = int(os.environ.get("RANK", "0"))
     data_dir = Path(run_dir.read_plan().data_dir)
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
@@ -80,7 +79,7 @@ def train(run_dir: RunDir) -> NoReturn:
     datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
     timing.mark("data_loaded")
     resume = resume_checkpoint(cfg.run.resume, run_dir)
-    load_from, universal = resume_source(cfg, run_dir, resume)
+    load_from, universal = engine.resume_source(cfg, run_dir, resume)
     accelerator_config = setup_distributed(cfg, on_cpu)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
@@ -93,10 +92,8 @@ def train(run_dir: RunDir) -> NoReturn:
     memtrace.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
-    if universal:
-        from launcher.callbacks.untie import UntiedOptimizerSteps
-
-        trainer.add_callback(UntiedOptimizerSteps())
+    for callback in engine.callbacks(universal):
+        trainer.add_callback(callback)
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
@@ -129,19 +126,6 @@ def train(run_dir: RunDir) -> NoReturn:
         run_dir.write_result(RunResult.from_dict(result))
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     finish()
-
-
-def resume_source(cfg: Any, run_dir: RunDir, resume: Path | None) -> tuple[Path | None, bool]:
-    """What the Trainer loads, and whether DeepSpeed must read it as a universal checkpoint:
-    a ZeRO checkpoint from another world size is converted first (launcher/universal.py),
-    before the process group exists."""
-    from launcher.universal import needs_universal, universal_resume
-
-    if cfg.strategy.backend != "deepspeed" or not needs_universal(resume, cfg.world_size):
-        return resume, False
-    assert resume is not None
-    rank = int(os.environ.get("RANK", "0"))
-    return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
 
 
 def quiet_progress_bars() -> None:

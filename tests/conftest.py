@@ -4,6 +4,7 @@ dependency or service that CI must provide is missing, and that is a defect, not
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,3 +40,22 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     yield mount
     for point in mounts:
         subprocess.run(["umount", str(point)], check=True)
+
+
+@pytest.fixture
+def site_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
+    """site_strategy(yaml) -> a copy of configs/ with one more strategy YAML (named by its
+    `name:`), used through FTL_CONFIG_DIR as a site's own config tree would be."""
+    from launcher.compose import config_dir
+
+    def add(text: str) -> Path:
+        site = tmp_path / "configs"
+        if not site.exists():
+            shutil.copytree(config_dir(), site)
+        name = next(line.split(":", 1)[1].strip() for line in text.splitlines()
+                    if line.startswith("name:"))
+        (site / "strategy" / f"{name}.yaml").write_text(text)
+        monkeypatch.setenv("FTL_CONFIG_DIR", str(site))
+        return site
+
+    return add

@@ -119,8 +119,8 @@ def test_gpu_cluster_matrix_plans_the_strategys_settings(
     assert plan.cfg.strategy.name == strategy and plan.estimate["strategy"] == strategy
     assert plan.peak_flops_per_device == A100_PEAK[precision]
     if strategy in ZERO_STAGE:
-        ds = plan.ds_config
-        assert plan.fsdp_settings is None
+        ds = plan.settings
+        assert plan.settings_file == "ds_config.json"
         assert ds["zero_optimization"]["stage"] == ZERO_STAGE[strategy]
         offload = ds["zero_optimization"]
         assert ("offload_optimizer" in offload) == (strategy in OFFLOADS_OPTIMIZER)
@@ -133,14 +133,14 @@ def test_gpu_cluster_matrix_plans_the_strategys_settings(
             "gradient_accumulation_steps"]
         assert ds["optimizer"]["type"] == "AdamW"  # a GPU preset: DeepSpeed's own AdamW
     elif strategy.startswith("fsdp"):
-        fsdp = plan.fsdp_settings["fsdp_config"]
-        assert plan.ds_config is None
+        fsdp = plan.settings["fsdp_config"]
+        assert plan.settings_file == "fsdp.json"
         assert fsdp["transformer_layer_cls_to_wrap"] == [
             DECODER_LAYER[cfg.model.architecture]]
         assert fsdp["cpu_offload"] == (strategy in OFFLOADS_PARAMS)
     else:
         assert strategy == "ddp"
-        assert plan.ds_config is None and plan.fsdp_settings is None
+        assert plan.settings is None and plan.settings_file is None
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -10,7 +10,7 @@ DDP checkpoints hold the full model and optimizer; FSDP2's are resharded by
 torch.distributed.checkpoint (sharded, strategy.gather_weights_on_save=false) or loaded
 from the full state dict (the two formats cannot be mixed within a run, so FSDP has a
 chain of each); ZeRO's are converted by rank 0 to DeepSpeed's universal checkpoint and
-loaded with load_universal (launcher/universal.py).
+loaded with load_universal (launcher/engines/deepspeed/universal.py).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         losses = run.train_losses()
         assert sorted(losses) == list(range(starts[index] + 1, end + 1)), sorted(losses)
         # The first resumed step runs on the restored weights, later ones on the restored
-        # optimizer state too (ZeRO-3 needs launcher/universal.untie_optimizer_steps for
+        # optimizer state too (ZeRO-3 needs launcher/engines/deepspeed/universal.py for
         # that: without it, rel 2.3e-3 by step 8). A restart would show step 1's loss,
         # 6.2 vs ~4.9.
         for step, loss in losses.items():

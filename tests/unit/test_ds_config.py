@@ -11,18 +11,16 @@ from typing import Any
 import pytest
 
 from launcher.compose import compose_config
-from launcher.ds_config import (
+from launcher.engines.deepspeed.ds_config import (
     PRECISIONS,
     build_ds_config,
+    deepspeed_strategies,
     dump_ds_config,
     reference_config,
 )
-from launcher.ds_config import (
-    main as ds_config_main,
-)
+from launcher.engines.deepspeed.ds_config import main as ds_config_main
 from launcher.extensions import use_own_build_cache
 from launcher.schema import RunConfig
-from launcher.strategies import deepspeed_strategies
 
 DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
 GPU = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
@@ -296,7 +294,7 @@ def test_buckets_are_never_tinier_than_a_million_elements_or_an_eighth_of_the_mo
     """HF's h*h rule gives the tiny Llama (h=64) 4096-element buckets: dozens of
     collectives per step. The floor is 2**20 elements, or an eighth of the model if smaller
     (at least 8 buckets, so ZeRO-2 still frees others' gradients during the backward)."""
-    from launcher.ds_config import MIN_BUCKET_ELEMENTS
+    from launcher.engines.deepspeed.ds_config import MIN_BUCKET_ELEMENTS
     from launcher.flops import count_params
 
     tiny = cfg_for("strategy=zero3")
@@ -455,7 +453,7 @@ TRAINER_RUN = r"""
 import json, os, sys, tempfile
 import torch
 from launcher.compose import compose_config
-from launcher.ds_config import build_ds_config
+from launcher.engines.deepspeed.ds_config import build_ds_config
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0", ACCELERATE_USE_DEEPSPEED="true")
@@ -533,8 +531,8 @@ def test_building_configs_imports_no_heavy_library() -> None:
     code = (
         "import sys\n"
         "from launcher.compose import compose_config\n"
-        "from launcher.ds_config import build_ds_config\n"
-        "from launcher.fsdp import build_fsdp_settings\n"
+        "from launcher.engines.deepspeed.ds_config import build_ds_config\n"
+        "from launcher.engines.fsdp.settings import build_fsdp_settings\n"
         "build_ds_config(compose_config(['strategy=zero3_offload']))\n"
         "build_fsdp_settings(compose_config(['strategy=fsdp_offload']))\n"
         "print(sorted({'torch', 'transformers', 'deepspeed', 'accelerate'} & set(sys.modules)))\n"

@@ -31,7 +31,6 @@ from launcher.memory import (
     GIB,
     activation_bytes,
     engine_model_state_parts,
-    korthikanti_layer_bytes,
     model_state_bytes,
 )
 from launcher.schema import RunConfig, StrategyConfig
@@ -299,13 +298,6 @@ def test_unknown_tokens_say_so() -> None:
 
 
 # ------------------------------------------------------------------ activations
-
-
-def test_korthikanti_formula() -> None:
-    """Published reference (Korthikanti et al. 2022), kept beside the measured fit that the
-    estimator uses (tests/unit/test_peak_memory.py)."""
-    assert korthikanti_layer_bytes(2048, 1, 4096, 32) == 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)
-    assert korthikanti_layer_bytes(2048, 1, 4096, 32, scores=False) == 2048 * 4096 * 34
 
 
 def test_checkpointing_shrinks_activations() -> None:

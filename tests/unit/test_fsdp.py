@@ -9,8 +9,12 @@ from typing import Any
 import pytest
 
 from launcher.compose import compose_config
+from launcher.engines.fsdp.settings import (
+    build_fsdp_settings,
+    fsdp_plugin_overrides,
+    needs_unpinned_offload,
+)
 from launcher.errors import ConfigError
-from launcher.fsdp import build_fsdp_settings, fsdp_plugin_overrides, needs_unpinned_offload
 from launcher.schema import RunConfig
 from launcher.validate import validate
 

@@ -3,20 +3,23 @@ strategy is a new YAML file and nothing else."""
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from launcher.auto import candidates, choose, resolve
 from launcher.compose import compose_config, config_dir
-from launcher.ds_config import build_ds_config, reference_files
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import (
+    build_ds_config,
+    deepspeed_strategies,
+    reference_files,
+)
 from launcher.estimate import estimate
 from launcher.strategies import (
     auto_ladder,
     concrete_strategies,
-    deepspeed_strategies,
-    effective_zero_stage,
     strategy_table,
 )
 
@@ -60,20 +63,15 @@ def test_auto_ladders_fastest_first() -> None:
 
 def test_fsdp_behaves_like_zero3() -> None:
     table = strategy_table()
-    assert effective_zero_stage(table["fsdp"]) == 3
-    assert effective_zero_stage(table["fsdp_offload"]) == 3
-    assert effective_zero_stage(table["zero2"]) == 2
-    assert effective_zero_stage(table["ddp"]) == 0
+    assert engine_of(table["fsdp"]).memory_stage(table["fsdp"]) == 3
+    assert engine_of(table["fsdp_offload"]).memory_stage(table["fsdp_offload"]) == 3
+    assert engine_of(table["zero2"]).memory_stage(table["zero2"]) == 2
+    assert engine_of(table["ddp"]).memory_stage(table["ddp"]) == 0
 
 
 @pytest.fixture
-def site_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of configs/ with one more strategy YAML, used through FTL_CONFIG_DIR."""
-    site = tmp_path / "configs"
-    shutil.copytree(config_dir(), site)
-    (site / "strategy" / "zero2_nocomm.yaml").write_text(NEW_STRATEGY)
-    monkeypatch.setenv("FTL_CONFIG_DIR", str(site))
-    return site
+def site_configs(site_strategy: Callable[[str], Path]) -> Path:
+    return site_strategy(NEW_STRATEGY)
 
 
 def test_a_new_yaml_is_a_new_strategy_everywhere(site_configs: Path) -> None:

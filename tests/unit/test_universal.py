@@ -1,11 +1,11 @@
-"""launcher/universal.untie_optimizer_steps: what DeepSpeed's ZeRO-3 universal load leaves
+"""launcher/engines/deepspeed/universal.py: what DeepSpeed's ZeRO-3 universal load leaves
 behind (one step tensor shared by every parameter state) and the fix."""
 
 from __future__ import annotations
 
 import torch
 
-from launcher.universal import untie_optimizer_steps
+from launcher.engines.deepspeed.universal import untie_optimizer_steps
 
 
 class Wrapper:

@@ -165,7 +165,7 @@ def test_global_batch_that_matches_is_the_batch_deepspeed_gets() -> None:
     overrides = ["strategy=zero2", "cluster.gpus_per_node=2", "train.micro_batch_size=4",
                  "train.grad_accum=4", "train.global_batch_size=32"]
     plan = make_plan(validate(compose_config(overrides), "plan"))
-    assert plan.ds_config["train_batch_size"] == 32
+    assert plan.settings["train_batch_size"] == 32
 
 
 def test_global_batch_not_divisible_explains() -> None:

@@ -56,12 +56,8 @@ def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
 
 
 def needs_unpinned_offload(cfg: RunConfig) -> bool:
-    """True when FSDP2 offloads on the cpu preset, where pinned memory is unavailable."""
-    return (
-        cfg.strategy.backend == "fsdp"
-        and cfg.strategy.offload_param
-        and gpu_preset(cfg.cluster.gpu).is_cpu
-    )
+    """FSDP2 offloads on the cpu preset, where pinned memory is unavailable."""
+    return cfg.strategy.offload_param and gpu_preset(cfg.cluster.gpu).is_cpu
 
 
 def fsdp_plugin_overrides(cfg: RunConfig) -> dict[str, Any]:

@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from launcher.checkpoints import checkpoint_step, checkpoint_world_size
 from launcher.rundir import UNIVERSAL, RunDir
@@ -108,3 +111,13 @@ def innermost_optimizer(optimizer: object) -> object:
     while getattr(inner, "optimizer", None) is not None:
         inner = inner.optimizer
     return inner
+
+
+class UntiedOptimizerSteps(TrainerCallback):
+    """Installed only on a resume from a universal checkpoint: once DeepSpeed has loaded
+    it (before the first step), every optimizer state gets its own step count."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        untie_optimizer_steps(kw.get("optimizer"))

@@ -45,10 +45,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from launcher.engines import of_engine
 from launcher.flops import count_params
 from launcher.hardware import gpu_preset
 from launcher.schema import PrecisionConfig, RunConfig
-from launcher.strategies import deepspeed_strategies
+from launcher.strategies import concrete_strategies
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 MIN_BUCKET_ELEMENTS = 2**20
@@ -190,6 +191,10 @@ def dump_ds_config(ds: dict[str, Any]) -> str:
     return json.dumps(ds, indent=2, sort_keys=True) + "\n"
 
 
+def deepspeed_strategies() -> tuple[str, ...]:
+    return of_engine(concrete_strategies(), "deepspeed")
+
+
 def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
     from launcher.compose import compose_config
@@ -211,7 +216,7 @@ def reference_files() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m launcher.ds_config",
+        prog="python -m launcher.engines.deepspeed.ds_config",
         description="Write ds_configs/<strategy>_<precision>.json for the reference run.",
     )
     parser.add_argument("--write-all", metavar="DIR", required=True, type=Path)

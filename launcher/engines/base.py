@@ -1,0 +1,98 @@
+"""What a distributed engine is asked: one class per engine, everything that differs.
+
+Every module outside launcher/engines/ asks the engine of the chosen strategy
+(`launcher.engines.engine_of`) instead of comparing backend names. The defaults here are
+the plain data-parallel answers; an engine overrides what it does differently. Config-side
+methods are pure (the validation stage, the planner and the estimator call them on the
+launching machine); rank-side ones run in `python -m launcher.worker` and may import the
+engine's libraries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from launcher.peak_terms import LoraInputs, PeakInputs, Split
+from launcher.rundir import RunDir
+from launcher.schema import RunConfig, StrategyConfig
+
+
+class Engine:
+    name: ClassVar[str]
+    """The `strategy.backend` value that selects it."""
+    launchers: ClassVar[tuple[str, ...]] = ("torchrun", "deepspeed")
+    """`cluster.launcher` values that can start its ranks."""
+    settings_file: ClassVar[str | None] = None
+    """The run-dir file holding `settings(cfg)` (launcher/rundir.py names), if any."""
+    libraries: ClassVar[tuple[str, ...]] = ()
+    """Libraries every rank of this engine imports at start-up (launcher/timing.py)."""
+    separate_master_weights: ClassVar[bool] = False
+    """It keeps fp32 master weights apart from the module, which it casts to the training
+    precision (DeepSpeed); otherwise the module's weights stay fp32 under autocast."""
+    fills_from_rank_0: ClassVar[bool] = False
+    """Only rank 0 reads or builds the weights; the engine gives the others their share."""
+    shards: ClassVar[bool] = True
+    """It partitions training state over the ranks (strategy=auto's ladder: launcher/auto.py)."""
+
+    # ------------------------------------------------------------ config side (pure)
+
+    def problems(self, cfg: RunConfig) -> list[str]:
+        """Rules for cfg.strategy under this engine, each naming the key, value and fix."""
+        return []
+
+    def memory_stage(self, strategy: StrategyConfig) -> int:
+        """The ZeRO stage its memory behaves like (the ZeRO paper's formulas)."""
+        return strategy.zero_stage
+
+    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
+        return strategy.offload_optimizer
+
+    def settings(self, cfg: RunConfig) -> dict[str, Any] | None:
+        """The contents of `settings_file`, concrete values only."""
+        return None
+
+    def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
+        """Per-rank (device, host) bytes at each moment of a full fine-tune (launcher/peak.py)."""
+        raise NotImplementedError(f"engine {self.name}: no peak-memory moments")
+
+    def lora_moments(self, x: PeakInputs, lo: LoraInputs,
+                     strategy: StrategyConfig) -> dict[str, Split]:
+        raise NotImplementedError(f"engine {self.name}: no LoRA peak-memory moments")
+
+    # ------------------------------------------------------------ rank side
+
+    def prepare_rank(self, cfg: RunConfig) -> None:
+        """Before anything is imported or built on a rank."""
+
+    def setup_distributed(self, on_cpu: bool) -> dict[str, Any]:
+        """Pre-configure accelerate where its own detection is wrong; returns the
+        TrainingArguments accelerator_config."""
+        return {}
+
+    def trainer_kwargs(self, cfg: RunConfig, run_dir: RunDir, on_cpu: bool,
+                       load_universal: bool) -> dict[str, Any]:
+        """TrainingArguments keywords of this engine (they replace the common ones)."""
+        return {}
+
+    def finish_arguments(self, args: Any, cfg: RunConfig, on_cpu: bool) -> None:
+        """Changes TrainingArguments cannot take as keywords, after it is built."""
+
+    def resume_source(self, cfg: RunConfig, run_dir: RunDir,
+                      resume: Path | None) -> tuple[Path | None, bool]:
+        """What the Trainer loads, and whether it is a universal checkpoint (a checkpoint
+        of another world size converted for this one)."""
+        return resume, False
+
+    def callbacks(self, universal: bool) -> list[Any]:
+        """Trainer callbacks this engine needs on this launch."""
+        return []
+
+
+def zero_stage_unused(strategy: StrategyConfig) -> list[str]:
+    """Engines without ZeRO stages refuse one."""
+    if strategy.zero_stage == 0:
+        return []
+    return [f"strategy.zero_stage={strategy.zero_stage} with strategy={strategy.name} "
+            f"({strategy.backend}): ZeRO stages apply to DeepSpeed only. "
+            f"Fix: strategy=zero{strategy.zero_stage} or strategy.zero_stage=0."]

@@ -1,0 +1,146 @@
+"""DeepSpeed ZeRO 1/2/3 (with CPU offload): its ds_config (ds_config.py), peak-memory
+moments (moments.py), resume on another world size (universal.py) and the CPU
+workarounds of its ranks (docs/stack-notes.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from launcher import rundir
+from launcher.engines.base import Engine
+from launcher.engines.deepspeed.ds_config import build_ds_config
+from launcher.engines.deepspeed.moments import (
+    lora_zero3_moments,
+    lora_zero12_moments,
+    zero3_moments,
+    zero12_moments,
+)
+from launcher.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
+from launcher.rundir import RunDir
+from launcher.schema import RunConfig, StrategyConfig
+
+
+class DeepSpeedEngine(Engine):
+    name: ClassVar[str] = "deepspeed"
+    settings_file: ClassVar[str | None] = rundir.DS_CONFIG
+    libraries: ClassVar[tuple[str, ...]] = ("deepspeed",)
+    separate_master_weights: ClassVar[bool] = True
+
+    def problems(self, cfg: RunConfig) -> list[str]:
+        strategy, problems = cfg.strategy, []
+        stage = strategy.zero_stage
+        if stage not in (1, 2, 3):
+            problems.append(
+                f"strategy.zero_stage={stage}: DeepSpeed strategies use ZeRO stage 1, 2 or 3. "
+                "Fix: strategy=zero1|zero2|zero3, or strategy=ddp for no sharding.")
+        if strategy.offload_param and stage != 3:
+            problems.append(
+                f"strategy.offload_param=true with ZeRO stage {stage}: parameter offload needs "
+                "ZeRO-3. Fix: strategy=zero3_offload, or strategy.offload_param=false.")
+        return problems
+
+    def settings(self, cfg: RunConfig) -> dict[str, Any]:
+        return build_ds_config(cfg)
+
+    def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
+        offload = _offload_of_stage(strategy)
+        if strategy.zero_stage == 3:
+            moments = zero3_moments(x, offload, strategy.offload_param)
+        else:
+            moments = zero12_moments(x, strategy.zero_stage, offload)
+        return with_first_step(moments, 8.0 * x.psi / x.n, offload)
+
+    def lora_moments(self, x: PeakInputs, lo: LoraInputs,
+                     strategy: StrategyConfig) -> dict[str, Split]:
+        offload = _offload_of_stage(strategy)
+        if strategy.zero_stage == 3:  # its first step is measured, not derived
+            return lora_zero3_moments(x, lo, offload, strategy.offload_param)
+        moments = lora_zero12_moments(x, lo, strategy.zero_stage, offload)
+        return with_first_step(moments, 8.0 * lo.adapters / x.n, offload)
+
+    # ------------------------------------------------------------ rank side
+
+    def prepare_rank(self, cfg: RunConfig) -> None:
+        from launcher import extensions
+
+        # Before DeepSpeed builds or loads an op: this environment's build cache, and a
+        # clear error rather than an endless wait on a killed build's lock.
+        extensions.check_build_locks(extensions.use_own_build_cache())
+
+    def setup_distributed(self, on_cpu: bool) -> dict[str, Any]:
+        if not on_cpu:
+            return {}
+        from accelerate import PartialState
+
+        # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
+        # as a single process (unsharded data or a train_batch_size assertion).
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        PartialState(backend="gloo")
+        return {"use_configured_state": True}
+
+    def trainer_kwargs(self, cfg: RunConfig, run_dir: RunDir, on_cpu: bool,
+                       load_universal: bool) -> dict[str, Any]:
+        late_bf16 = _late_bf16(cfg, on_cpu)
+        kwargs: dict[str, Any] = {"deepspeed": _ds_config(run_dir, late_bf16, load_universal)}
+        if on_cpu:
+            kwargs["use_cpu"] = False  # the Trainer's CPU path would bypass DeepSpeed
+        if late_bf16:
+            kwargs["bf16"] = False
+        return kwargs
+
+    def finish_arguments(self, args: Any, cfg: RunConfig, on_cpu: bool) -> None:
+        if _late_bf16(cfg, on_cpu):
+            import torch
+
+            args.bf16 = True
+            args.hf_deepspeed_config.config["bf16"] = {"enabled": True}
+            args.hf_deepspeed_config._dtype = torch.bfloat16
+
+    def resume_source(self, cfg: RunConfig, run_dir: RunDir,
+                      resume: Path | None) -> tuple[Path | None, bool]:
+        """A ZeRO checkpoint from another world size is converted first (universal.py),
+        before the process group exists."""
+        from launcher.engines.deepspeed.universal import needs_universal, universal_resume
+
+        if not needs_universal(resume, cfg.world_size):
+            return resume, False
+        assert resume is not None
+        rank = int(os.environ.get("RANK", "0"))
+        return universal_resume(run_dir, resume, rank, cfg.dataset.wait_timeout_s), True
+
+    def callbacks(self, universal: bool) -> list[Any]:
+        if not universal:
+            return []
+        from launcher.engines.deepspeed.universal import UntiedOptimizerSteps
+
+        return [UntiedOptimizerSteps()]
+
+
+def _offload_of_stage(strategy: StrategyConfig) -> bool:
+    """Its offload_optimizer; a stage validation refuses has no moments (a caller's bug)."""
+    if strategy.zero_stage not in (1, 2, 3):
+        raise ValueError(f"peak memory: no moments for strategy {strategy.name} (ZeRO stage "
+                         f"{strategy.zero_stage})")
+    return strategy.offload_optimizer
+
+
+def _late_bf16(cfg: RunConfig, on_cpu: bool) -> bool:
+    """bf16 on CPU: TrainingArguments(bf16=True) refuses CPU without use_cpu, and bf16 only
+    in the ds_config is a Trainer mismatch; both are switched on after it is built."""
+    return on_cpu and cfg.precision.name == "bf16"
+
+
+def _ds_config(run_dir: RunDir, disable_bf16: bool, load_universal: bool) -> str | dict[str, Any]:
+    """RUN_DIR/ds_config.json as written, or with this launch's changes: bf16 enabled late
+    (CPU), a universal checkpoint to load (universal.py)."""
+    if not (disable_bf16 or load_universal):
+        return str(run_dir.ds_config)
+    config = json.loads(run_dir.ds_config.read_text())
+    if disable_bf16:
+        config["bf16"] = {"enabled": False}
+    if load_universal:
+        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    return config
