@@ -23,13 +23,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/extensions.py):
+# DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/rank/extensions.py):
 # the suite's ZeRO runs and optimizer tests load them; a run that needs one and finds it
 # missing builds it there itself (about a minute each on 2 cores).
 OPS := $(VENV)/.ops-built
 ops: $(OPS)
 $(OPS): $(STAMP)
-	$(BIN)/python -m launcher.extensions
+	$(BIN)/python -m launcher.rank.extensions
 	touch $(OPS)
 
 train: venv

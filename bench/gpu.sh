@@ -126,7 +126,7 @@ def preset_for(device: str, memory_gib: float) -> str:
     if "A100" in device:
         return "a100-80g" if memory_gib > 60 else "a100-40g"
     sys.exit(f"gpu.sh: no preset for {device!r} ({memory_gib:.0f} GiB); set FTL_GPU_PRESET "
-             "to the closest of launcher/hardware.py's presets")
+             "to the closest of launcher/config/hardware.py's presets")
 
 
 preset = preset_for(name, gib)
@@ -196,7 +196,7 @@ for index, strategy in enumerate(strategies):
     achieved = plan["flops_per_token"] * tokens_per_s
     peak = plan["peak_flops_per_device"]
     row = plan["estimate"]  # the estimator's row for this run's strategy
-    # the predicted peak of live tensor bytes (launcher/peak.py), the quantity measured
+    # the predicted peak of live tensor bytes (launcher/estimator/peak.py), the quantity measured
     estimated = row.get("peak_bytes") or row["model_state_gpu_bytes"] + row["activation_bytes"]
     # peak per phase (bench.callbacks.GpuMemoryPhases), MiB: the run's peak is their maximum
     phases = json.loads((clock / "memory-rank0.json").read_text())["phases"]

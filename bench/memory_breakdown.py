@@ -4,7 +4,7 @@ estimator's terms.
 Per strategy, one `ftl train` run on 2 CPU ranks (the ~102M Llama built from config: hidden
 1024, 8 layers, intermediate 2752; fp32; micro batch 2 x 64 tokens of synthetic text, every
 row longer than max_length; STEPS steps; a checkpoint at the last step) records:
-- per phase, every rank's peak live tensor bytes (launcher/memtrace.py: the counting CPU
+- per phase, every rank's peak live tensor bytes (launcher/rank/memtrace.py: the counting CPU
   allocator every run installs; metrics/rank<R>.json "memory") and peak RSS;
 - inside step AT_STEP (a steady-state step), with `Breakdown` injected through
   `train.callbacks`: live bytes when the step begins, when the model's forward returns,
@@ -15,7 +15,7 @@ row longer than max_length; STEPS steps; a checkpoint at the last step) records:
   (DeepSpeed's fp32 partitions, with their .grad), other tensors reachable from Python
   (engine buffers) and the rest, held only by C++ (autograd's saved tensors, DDP's reducer
   buckets).
-The table puts those beside launcher/memory.py's figures for the same run.
+The table puts those beside launcher/estimator/memory.py's figures for the same run.
 
 Run: `.venv/bin/python bench/memory_breakdown.py [--strategies ddp zero1 ...] [--keep DIR]`
 (one run at a time, ~1.5-3 min each on 2 cores). Writes bench/results/memory_breakdown.json
@@ -181,7 +181,7 @@ class Breakdown(TrainerCallback):
         self.optimizer: Any = None
 
     def _tracker(self) -> Any:
-        from launcher import memtrace
+        from launcher.rank import memtrace
 
         phases = memtrace.current()
         return phases.tracker if phases is not None else None
@@ -272,7 +272,7 @@ def overhead_child(mode: str, steps: int) -> float:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, str(ROOT))
-    from launcher import memtrace
+    from launcher.rank import memtrace
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -322,13 +322,14 @@ def overhead(rounds: int, steps: int) -> dict[str, list[float]]:
 
 
 def predicted(strategy: str, extra: list[str]) -> dict[str, Any]:
-    """launcher/memory.py's per-rank terms and launcher/peak.py's moments for the same run."""
+    """launcher/estimator/memory.py's per-rank terms and launcher/estimator/peak.py's
+    moments for the same run."""
     sys.path.insert(0, str(ROOT))
-    from launcher.compose import compose_config
+    from launcher.config.compose import compose_config
     from launcher.engines import engine_of
-    from launcher.estimate import strategy_estimate
-    from launcher.flops import count_params, largest_layer_params
-    from launcher.memory import engine_model_state_parts, param_bytes
+    from launcher.estimator.estimate import strategy_estimate
+    from launcher.estimator.flops import count_params, largest_layer_params
+    from launcher.estimator.memory import engine_model_state_parts, param_bytes
 
     cfg = compose_config([*OVERRIDES, *extra, f"strategy={strategy}"])
     s = cfg.strategy

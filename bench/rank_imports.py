@@ -8,9 +8,9 @@ import sys
 import time
 
 sys.path.insert(0, os.getcwd())  # the checkout's launcher (main or a worktree)
-import launcher.worker  # noqa: E402,F401 - what a rank has imported before import_stack
+import launcher.rank.worker  # noqa: E402,F401 - what a rank has imported before import_stack
 from launcher import timing  # noqa: E402
-from launcher.compose import compose_config  # noqa: E402
+from launcher.config.compose import compose_config  # noqa: E402
 
 WATCH = ("datasets", "pandas", "peft", "bitsandbytes", "deepspeed", "torch._dynamo",
          "torch.distributed.tensor", "torch._inductor.compile_fx")

@@ -8,12 +8,12 @@ run (`ftl train`, STEPS steps, the bundled arith data) measures, per strategy (m
 - peak RSS per rank (the larger of the two ranks, metrics/rank<R>.json), beside ddp's;
 - model-state bytes per rank: measured (bench.callbacks.StateBytes: every live tensor as
   the second optimizer step starts) beside the estimator's prediction for that moment
-  (launcher/memory.py: params + grads + optimizer on the device, plus the offloaded
+  (launcher/estimator/memory.py: params + grads + optimizer on the device, plus the offloaded
   states on the host without DeepSpeed's 1.5 headroom factor; on CPU both are the same
   memory). A ratio that moves shows estimator drift; DDP's reducer buckets (4 bytes per
   parameter) are C++-only and invisible to the measurement, so ddp reads about 0.8.
 - the run's peak of live tensor bytes per rank (the larger rank; result.json's "memory",
-  launcher/memtrace.py) beside the estimate's predicted peak (launcher/peak.py): the
+  launcher/rank/memtrace.py) beside the estimate's predicted peak (launcher/estimator/peak.py): the
   figure `ftl estimate` prints, against what the run reached.
 
 Regressions show as a ratio that moves between runs of this benchmark, not as absolute
@@ -46,10 +46,10 @@ MIB = 2**20
 def predicted_state_bytes(strategy: str) -> float:
     """The estimator's per-rank model states at the start of an optimizer step."""
     sys.path.insert(0, str(ROOT))
-    from launcher.compose import compose_config
+    from launcher.config.compose import compose_config
     from launcher.engines import engine_of
-    from launcher.flops import count_params, largest_layer_params
-    from launcher.memory import engine_model_state_parts, param_bytes
+    from launcher.estimator.flops import count_params, largest_layer_params
+    from launcher.estimator.memory import engine_model_state_parts, param_bytes
 
     cfg = compose_config([*OVERRIDES, f"strategy={strategy}"])
     s = cfg.strategy

@@ -132,7 +132,7 @@ def clock_figures(clock_dir: Path, warm: int = WARM
 def spec_for(strategy: str, overrides: list[str], work: Path, data: dict[str, Any]) -> dict:
     """What the baseline needs, from the config `ftl train` composes for the same overrides."""
     sys.path.insert(0, str(ROOT))
-    from launcher.compose import compose_config
+    from launcher.config.compose import compose_config
 
     cwd = Path.cwd()
     os.chdir(ROOT)

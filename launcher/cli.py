@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from launcher.schema import RunConfig
+    from launcher.config.schema import RunConfig
 
 Verb = Callable[[argparse.Namespace], int]
 VERBS: dict[str, tuple[str, Verb]] = {}
@@ -33,8 +33,8 @@ def verb(name: str, help_text: str) -> Callable[[Verb], Verb]:
 
 @verb("plan", "write the run dir and print config, estimate, settings and command; no launch")
 def cmd_plan(args: argparse.Namespace) -> int:
-    from launcher.launch import prepare
-    from launcher.planner import render_plan
+    from launcher.run.launch import prepare
+    from launcher.run.planner import render_plan
 
     prepared = prepare(args.overrides, "plan")
     print(render_plan(prepared.plan, prepared.launch, prepared.run_dir), end="")
@@ -45,8 +45,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_ds_config(args: argparse.Namespace) -> int:
     from launcher import rundir
     from launcher.engines.deepspeed.ds_config import deepspeed_strategies
-    from launcher.launch import check
-    from launcher.planner import make_plan
+    from launcher.run.launch import check
+    from launcher.run.planner import make_plan
 
     plan = make_plan(check(args.overrides, "plan"))
     if plan.settings_file != rundir.DS_CONFIG or plan.settings is None:
@@ -66,10 +66,10 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
 
 @verb("estimate", "per-strategy memory, fit and time table for the chosen model and cluster")
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from launcher.auto import chosen_strategy
-    from launcher.estimate import estimate
-    from launcher.estimate_table import estimate_json, render_estimate_table
-    from launcher.launch import check
+    from launcher.estimator.auto import chosen_strategy
+    from launcher.estimator.estimate import estimate
+    from launcher.estimator.estimate_table import estimate_json, render_estimate_table
+    from launcher.run.launch import check
 
     checked = check(args.overrides, "estimate")
     cfg, est = checked.cfg, checked.estimate
@@ -90,7 +90,7 @@ def counted_tokens(cfg: RunConfig) -> int | None:
     count rules."""
     if cfg.train.max_steps > 0:
         return None
-    from launcher.preprocess import data_dir, ensure_prepared
+    from launcher.data.preprocess import data_dir, ensure_prepared
 
     return int(ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate").tokens
                * cfg.train.epochs)
@@ -98,8 +98,8 @@ def counted_tokens(cfg: RunConfig) -> int | None:
 
 @verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
 def cmd_train(args: argparse.Namespace) -> int:
-    from launcher.launch import check, run_local, write_run
-    from launcher.preprocess import ensure_prepared
+    from launcher.data.preprocess import ensure_prepared
+    from launcher.run.launch import check, run_local, write_run
 
     checked = check(args.overrides, "train")
     assert checked.data_dir is not None
@@ -113,8 +113,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from launcher.launch import check
-    from launcher.preprocess import ensure_prepared
+    from launcher.data.preprocess import ensure_prepared
+    from launcher.run.launch import check
 
     checked = check(args.overrides, "preprocess")
     assert checked.data_dir is not None
@@ -131,7 +131,7 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
 
 @verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement")
 def cmd_report(args: argparse.Namespace) -> int:
-    from launcher.report import report
+    from launcher.run.report import report
 
     text, png = report(Path(args.run_dir))
     print(text)
@@ -141,7 +141,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @verb("quantize", "INT8 post-training quantization of a model dir: error, perplexity, size")
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from launcher.quantize_report import Request, quantize
+    from launcher.inference.quantize_report import Request, quantize
 
     request = Request(
         model_dir=Path(args.model_dir), out_dir=Path(args.output), scheme=args.scheme,
@@ -153,35 +153,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 @verb("chat", "talk to a trained (or quantized) model: ftl chat MODEL_DIR [--prompt TEXT]")
 def cmd_chat(args: argparse.Namespace) -> int:
-    from launcher.chat import chat
+    from launcher.inference.chat import chat
 
     return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens)
 
 
 @verb("submit", "write the run dir and job script and submit it (--dry-run: print it)")
 def cmd_submit(args: argparse.Namespace) -> int:
-    from launcher.submit import submit
+    from launcher.schedulers.submit import submit
 
     return submit(args.overrides, dry_run=args.dry_run, multirun=args.multirun)
 
 
 @verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID")
 def cmd_status(args: argparse.Namespace) -> int:
-    from launcher.submit import status
+    from launcher.schedulers.submit import status
 
     return status(args.target)
 
 
 @verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID")
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from launcher.submit import cancel
+    from launcher.schedulers.submit import cancel
 
     return cancel(args.target)
 
 
 @verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]")
 def cmd_keys(args: argparse.Namespace) -> int:
-    from launcher.keys import all_keys, keys_json, render, select
+    from launcher.config.keys import all_keys, keys_json, render, select
 
     keys = select(all_keys(), args.prefix)
     print(keys_json(keys) if args.json else render(keys), end="")
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_quantize_options(parser: argparse.ArgumentParser) -> None:
-    from launcher.quantize_report import GRANULARITIES, SCHEMES
+    from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
 
     parser.add_argument("model_dir", help="outputs/<run.name>/<timestamp>/model")
     parser.add_argument("-o", "--output", required=True, help="directory to write")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.schema import RunConfig
+    from launcher.config.schema import RunConfig
 
 ENV = "FTL_STARTUP_MARKS"
 

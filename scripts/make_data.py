@@ -130,7 +130,7 @@ def train_tokenizer(rows: list[Record], out_dir: Path) -> None:
     )
     texts = [alpaca_text(row) for row in rows]
     tok.train_from_iterator(texts, trainer=trainer)
-    # tokenizer("...") starts with <s>, like Llama's; launcher.data adds bos itself.
+    # tokenizer("...") starts with <s>, like Llama's; launcher.data.loading adds bos itself.
     bos_id = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]

@@ -46,7 +46,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 def site_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     """site_strategy(yaml) -> a copy of configs/ with one more strategy YAML (named by its
     `name:`), used through FTL_CONFIG_DIR as a site's own config tree would be."""
-    from launcher.compose import config_dir
+    from launcher.config.compose import config_dir
 
     def add(text: str) -> Path:
         site = tmp_path / "configs"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
+from launcher.config.schema import StrategyConfig
 from launcher.engines.base import Engine
-from launcher.schema import StrategyConfig
 
 ENGINES: dict[str, str] = {
     "ddp": "launcher.engines.ddp:DdpEngine",
@@ -24,7 +24,8 @@ ENGINE_LIBRARIES: tuple[str, ...] = ("deepspeed",)
 """Libraries only some engines import (Engine.libraries): a rank of another engine never
 loads them (launcher/timing.py)."""
 AUTO = "auto"
-"""strategy=auto: not an engine; it resolves to a strategy of the table (launcher/auto.py)."""
+"""strategy=auto: not an engine; it resolves to a strategy of the table
+(launcher/estimator/auto.py)."""
 AUTO_FAMILY = "deepspeed"
 """The sharding engine strategy=auto climbs unless strategy.backend names another."""
 

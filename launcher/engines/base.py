@@ -4,7 +4,7 @@ Every module outside launcher/engines/ asks the engine of the chosen strategy
 (`launcher.engines.engine_of`) instead of comparing backend names. The defaults here are
 the plain data-parallel answers; an engine overrides what it does differently. Config-side
 methods are pure (the validation stage, the planner and the estimator call them on the
-launching machine); rank-side ones run in `python -m launcher.worker` and may import the
+launching machine); rank-side ones run in `python -m launcher.rank.worker` and may import the
 engine's libraries.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from launcher.peak_terms import LoraInputs, PeakInputs, Split
+from launcher.config.schema import RunConfig, StrategyConfig
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
-from launcher.schema import RunConfig, StrategyConfig
 
 
 class Engine:
@@ -33,7 +33,8 @@ class Engine:
     fills_from_rank_0: ClassVar[bool] = False
     """Only rank 0 reads or builds the weights; the engine gives the others their share."""
     shards: ClassVar[bool] = True
-    """It partitions training state over the ranks (strategy=auto's ladder: launcher/auto.py)."""
+    """It partitions training state over the ranks (strategy=auto's ladder:
+    launcher/estimator/auto.py)."""
 
     # ------------------------------------------------------------ config side (pure)
 
@@ -53,7 +54,8 @@ class Engine:
         return None
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-        """Per-rank (device, host) bytes at each moment of a full fine-tune (launcher/peak.py)."""
+        """Per-rank (device, host) bytes at each moment of a full fine-tune
+        (launcher/estimator/peak.py)."""
         raise NotImplementedError(f"engine {self.name}: no peak-memory moments")
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,

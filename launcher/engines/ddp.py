@@ -1,6 +1,6 @@
 """torch DDP: every rank holds the whole model, gradients and optimizer state.
 
-Its peak-memory moments (launcher/peak_terms.py terms) and its rules; everything else is
+Its peak-memory moments (launcher/estimator/peak_terms.py terms) and its rules; everything else is
 the plain default of launcher/engines/base.py.
 """
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.base import Engine, zero_stage_unused
-from launcher.peak_terms import (
+from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,
@@ -18,7 +19,6 @@ from launcher.peak_terms import (
     trainable_view,
     with_first_step,
 )
-from launcher.schema import RunConfig, StrategyConfig
 
 
 class DdpEngine(Engine):

@@ -50,7 +50,7 @@ RESULT = "result.json"
 LOGS = "logs"
 PROBES = "probes"
 COMPLETE_MARKER = "COMPLETE"
-"""checkpoint-N/COMPLETE: the checkpoint is whole (launcher/checkpoints.py)."""
+"""checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
 
 def job_script_name(scheduler: str) -> str:

@@ -35,7 +35,8 @@ class PlanRecord(Record):
     gpu: str | None = None
     precision: str | None = None
     estimate: dict[str, Any] | None = None
-    """The chosen strategy's estimate row (launcher/estimate.py), with params and flops."""
+    """The chosen strategy's estimate row (launcher/estimator/estimate.py), with params
+    and flops."""
     flops_per_token: float = 0.0
     peak_flops_per_device: float | None = None
     resume_from: str | None = None
@@ -76,7 +77,7 @@ class LaunchRecord(Record):
 @dataclass(frozen=True)
 class RankMetrics(Record):
     """metrics/rank<R>.json (rank R): its peak memory and tokens seen at train end, and
-    "memory" (launcher/memtrace.py summary: peaks per phase) after the final save."""
+    "memory" (launcher/rank/memtrace.py summary: peaks per phase) after the final save."""
 
     rank: int
     peak_memory_mib: float = 0.0
@@ -112,7 +113,7 @@ _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 class MetricsEvent:
     """A metrics.jsonl line (rank 0), by kind:
     - "log": the Trainer's log dict in `values` (loss, learning_rate, eval_loss, the final
-      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/callbacks/metrics.py);
+      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/rank/callbacks/metrics.py);
     - "startup" / "finish": seconds per phase in `values` (launcher/timing.py);
     - "save": `values` {"seconds", "bytes"} of one checkpoint save.
 

@@ -18,11 +18,17 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from launcher.compose import compose_config, compose_dict, config_dir, resolve_paths, to_run_config
+from launcher.config.compose import (
+    compose_config,
+    compose_dict,
+    config_dir,
+    resolve_paths,
+    to_run_config,
+)
+from launcher.config.schema import RunConfig
+from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.planner import make_plan
-from launcher.schema import RunConfig
-from launcher.validate import validate
+from launcher.run.planner import make_plan
 
 CONFIGS = config_dir()
 

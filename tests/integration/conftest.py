@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from runs import RUN_TIMES, Run, train  # noqa: E402
 
-from launcher.compose import PROJECT_ROOT  # noqa: E402
+from launcher.config.compose import PROJECT_ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

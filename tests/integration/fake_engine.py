@@ -8,10 +8,10 @@ import json
 import os
 from typing import Any, ClassVar
 
+from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.ddp import DdpEngine
-from launcher.peak_terms import PeakInputs, Split
+from launcher.estimator.peak_terms import PeakInputs, Split
 from launcher.rundir import PROBES, RunDir
-from launcher.schema import RunConfig, StrategyConfig
 
 EXTRA_BYTES = 12345.0
 """What its moments add to DDP's at every moment, so the estimate shows they are its own."""

@@ -418,7 +418,7 @@ class PartitionProbe(TrainerCallback):
 
 
 class LiveBytesProbe(TrainerCallback):
-    """Live tensor bytes (launcher/memtrace.py's counter, which the worker installed) when
+    """Live tensor bytes (launcher/rank/memtrace.py's counter, which the worker installed) when
     optimizer step `step` begins and each time the model's forward returns in it: the
     activations of a micro batch are forward end minus step begin. Reads two counters;
     walks nothing."""
@@ -430,7 +430,7 @@ class LiveBytesProbe(TrainerCallback):
 
     @staticmethod
     def _allocated() -> int | None:
-        from launcher import memtrace
+        from launcher.rank import memtrace
 
         phases = memtrace.current()
         return phases.tracker.allocated() if phases is not None else None

@@ -1,5 +1,5 @@
 """Real multi-process runs for the integration tests, through the launcher's own path:
-compose -> validate(target="train") -> planner -> atomic run dir (launcher.launch.prepare),
+compose -> validate(target="train") -> planner -> atomic run dir (launcher.run.launch.prepare),
 then the run dir's own command (torchrun or deepspeed) starts the ranks.
 
 Evidence comes from probes the tests inject with `train.callbacks`
@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from launcher.compose import PROJECT_ROOT
-from launcher.launch import Prepared, prepare
-from launcher.planner import resolve_tool
+from launcher.config.compose import PROJECT_ROOT
+from launcher.run.launch import Prepared, prepare
+from launcher.run.planner import resolve_tool
 from launcher.rundir import RunDir
 
 # A few optimizer steps of the tiny Llama on the bundled data: long enough for the loss to

@@ -25,7 +25,7 @@ class WaitForStop(TrainerCallback):
 
     Only in the Slurm launch whose SLURM_RESTART_COUNT (0 when unset) is `restart`. The
     ranks vote on a stop at the first step end of a launch (before this callback: the
-    worker's own callbacks come first) and again at the next step (launcher/preempt.py), so
+    worker's own callbacks come first) and again at the next step (launcher/rank/preempt.py), so
     a request made while they wait stops the run at exactly the step after the first one,
     however slow the machine. Nothing here touches the data or the losses.
     """

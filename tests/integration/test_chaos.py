@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

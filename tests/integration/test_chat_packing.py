@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from runs import Run, describe_failure
 
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.checkpoints import (
+from launcher.rank.checkpoints import (
     checkpoint_world_size,
     latest_complete_checkpoint,
     list_checkpoints,

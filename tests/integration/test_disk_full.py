@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from runs import FAST_TRAIN, free_port
 
-from launcher.checkpoints import is_complete, list_checkpoints
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
+from launcher.rank.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ import pytest
 from fake_engine import EXTRA_BYTES, SETTINGS_FILE
 from runs import describe_failure, train
 
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.estimate import estimate
-from launcher.planner import make_plan
-from launcher.validate import validate
+from launcher.estimator.estimate import estimate
+from launcher.run.planner import make_plan
 
 FAKE_STRATEGY = """\
 name: fake_ddp

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
 from launcher.rundir import RunDir
 from tests.integration.runs import FAST_TRAIN
 
@@ -50,7 +50,7 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
         "final_train_loss", "first_eval_loss", "final_eval_loss", "tokens_seen", "model_dir",
         "memory",
     }
-    memory = result["memory"]  # live tensor bytes per rank (launcher/memtrace.py) and RSS
+    memory = result["memory"]  # live tensor bytes per rank (launcher/rank/memtrace.py) and RSS
     assert len(memory["measured_peak_bytes"]) == len(memory["measured_rss_bytes"]) == 2
     assert all(0 < live < rss for live, rss in zip(memory["measured_peak_bytes"],
                                                     memory["measured_rss_bytes"], strict=True))
@@ -80,7 +80,8 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
 
     report = ftl("report", str(run_dir))
     assert report.returncode == 0, report.stderr
-    # predicted / measured live tensor bytes per phase and rank (launcher/memory_report.py)
+    # predicted / measured live tensor bytes per phase and rank
+    # (launcher/estimator/memory_report.py)
     assert "memory per rank, live tensor GiB (predicted / measured)" in report.stdout
     assert "rank 1" in report.stdout and "run peak" in report.stdout
     assert "estimated train time for those" in report.stdout

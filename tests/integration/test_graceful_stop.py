@@ -43,10 +43,10 @@ from runs import (
 )
 from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
-from launcher.checkpoints import is_complete, list_checkpoints
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
+from launcher.rank.checkpoints import is_complete, list_checkpoints
+from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT
 from launcher.rundir import COMPLETE_MARKER
-from launcher.supervise import ABORTED_EXIT, STOPPED_EXIT
 
 pytestmark = pytest.mark.slow
 

@@ -1,8 +1,8 @@
 """The estimate predicts the peak a run reaches: every strategy, ~100M Llama, 2 CPU ranks.
 
 One short `ftl train` run per strategy (3 steps, a checkpoint at step 3), each rank's
-live tensor bytes per phase recorded by the worker (launcher/memtrace.py), the
-prediction read from the run's own plan.json (launcher/peak.py). The runs are shared:
+live tensor bytes per phase recorded by the worker (launcher/rank/memtrace.py), the
+prediction read from the run's own plan.json (launcher/estimator/peak.py). The runs are shared:
 - zero1 and zero2 run with grad_accum 2, so they also give the zero1/zero2 gradient check;
 - ddp runs at sequence length 128 and zero2_offload at micro batch 4, so with zero2's
   first micro batch (2 x 64) they give the activation doubling checks.
@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from runs import Run, callbacks, describe_failure
 
-from launcher.compose import compose_config
-from launcher.flops import count_params
-from launcher.memory import activation_bytes
-from launcher.memory_report import memory_table
-from launcher.peak import other_ranks_peak
+from launcher.config.compose import compose_config
+from launcher.estimator.flops import count_params
+from launcher.estimator.memory import activation_bytes
+from launcher.estimator.memory_report import memory_table
+from launcher.estimator.peak import other_ranks_peak
 from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ import torch
 from runs import Run, describe_failure
 from test_train_strategies import run_name, strategy_overrides
 
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +92,8 @@ def test_chat_prints_the_greedy_reply_before_and_after_quantization(
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launcher.encode import BUILTIN_CHAT_TEMPLATE
-    from launcher.quantize import load_quantized
+    from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+    from launcher.inference.quantize import load_quantized
 
     _, quantized_dir = compared
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -2,7 +2,7 @@
 
 Each job trains the tiny Llama for a few steps through the real path: `ftl submit`'s code
 writes the run dir and job.sbatch, `sbatch --parsable` submits it, srun starts torchrun or
-deepspeed on each node, the ranks run launcher.worker. Nothing is mocked.
+deepspeed on each node, the ranks run launcher.rank.worker. Nothing is mocked.
 
 The jobs run at the same time: `submit_early` submits the jobs the selected tests use
 when the module starts (the one that waits for Slurm's own timer first), and each test
@@ -38,8 +38,14 @@ from typing import Any
 
 import pytest
 
-from launcher.slurm.client import scancel, show_job
-from launcher.submit import cancel, check_jobs, status, submit_checked, with_default_cluster
+from launcher.schedulers.slurm.client import scancel, show_job
+from launcher.schedulers.submit import (
+    cancel,
+    check_jobs,
+    status,
+    submit_checked,
+    with_default_cluster,
+)
 
 pytestmark = pytest.mark.slow
 

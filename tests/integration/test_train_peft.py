@@ -12,7 +12,7 @@ import pytest
 import torch
 from runs import EVIDENCE, Run, callbacks, describe_failure
 
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 from runs import EVIDENCE, Run, callbacks, describe_failure
 
-from launcher.checkpoints import is_complete, list_checkpoints
-from launcher.compose import PROJECT_ROOT
+from launcher.config.compose import PROJECT_ROOT
+from launcher.rank.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""A second scheduler for tests: one module behind launcher.scheduler's interface, which is
+"""A second scheduler for tests: one module behind launcher.schedulers.base's interface, which is
 all a new scheduler (PBS, LSF, Kubernetes) takes. It "submits" by recording the script,
 under job ids that are not numbers."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launcher.command import Launch, render_argv
-from launcher.disk import SaveTime
-from launcher.scheduler import JobInfo
-from launcher.schema import RunConfig
+from launcher.config.schema import RunConfig
+from launcher.estimator.disk import SaveTime
+from launcher.run.command import Launch, render_argv
+from launcher.schedulers.base import JobInfo
 
 SUBMITTED: dict[str, Path] = {}
 CANCELLED: list[str] = []

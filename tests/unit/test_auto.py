@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.auto import choose, chosen_strategy, nothing_fits, resolve
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.schema import RunConfig
+from launcher.config.strategies import CHOSEN_FIELDS, auto_ladder, strategy_table
 from launcher.errors import ConfigError
-from launcher.estimate import estimate
-from launcher.schema import RunConfig
-from launcher.strategies import CHOSEN_FIELDS, auto_ladder, strategy_table
+from launcher.estimator.auto import choose, chosen_strategy, nothing_fits, resolve
+from launcher.estimator.estimate import estimate
 
 OFFLOAD = {"zero2_offload", "zero3_offload", "fsdp_offload"}
 DEEPSPEED_LADDER = auto_ladder("deepspeed")

@@ -1,4 +1,4 @@
-"""launcher/command.py: exact argv per launcher form, env, hostfile text, shell quoting."""
+"""launcher/run/command.py: exact argv per launcher form, env, hostfile text, shell quoting."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from launcher.command import Launch, build_launch, render_command, rendezvous_id
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.validate import validate
+from launcher.run.command import Launch, build_launch, render_command, rendezvous_id
 
 RUN_DIR = "/runs/ftl/20260101-120000"
 GPU8 = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
-WORKER = ["--module", "launcher.worker", RUN_DIR]
+WORKER = ["--module", "launcher.rank.worker", RUN_DIR]
 TORCHRUN_LOGS = ["--redirects", "3", "--tee", "0:3"]
 DS_TAIL = ["--no_local_rank", "--enable_each_rank_log", f"{RUN_DIR}/logs", *WORKER]
 
@@ -176,7 +176,7 @@ def test_rendezvous_id_is_stable_and_shell_safe() -> None:
 
 def test_command_module_imports_no_heavy_library() -> None:
     code = (
-        "import sys, launcher.command; "
+        "import sys, launcher.run.command; "
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
 
 
@@ -64,7 +64,7 @@ def test_local_paths_become_absolute() -> None:
 def test_own_data_is_evaluated_on_a_share_of_itself_not_on_the_groups_eval_file(
     tmp_path, capsys
 ) -> None:
-    from launcher.data import split_records
+    from launcher.data.loading import split_records
 
     rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(40)]
     mine = tmp_path / "my.jsonl"

@@ -1,4 +1,4 @@
-"""launcher/data.py and the bundled data: loading, column checks, splits, encoding the
+"""launcher/data/loading.py and the bundled data: loading, column checks, splits, encoding the
 default, collators. Templates and masking: test_encode.py; packing: test_packing.py."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher import data
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.data import loading as data
 from launcher.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]

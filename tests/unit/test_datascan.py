@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from launcher.datascan import Scan, scan_file
+from launcher.data.datascan import Scan, scan_file
 from launcher.errors import ConfigError
-from launcher.launch import check
+from launcher.run.launch import check
 
 CHAT = {"messages": [{"role": "user", "content": "2+2?"},
                      {"role": "assistant", "content": "4"}]}

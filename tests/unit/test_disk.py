@@ -1,5 +1,6 @@
-"""Disk pre-flight (launcher/disk.py, preflight.output_problems): checkpoint and model sizes,
-how many checkpoints exist at once, and a real small filesystem that cannot hold them."""
+"""Disk pre-flight (launcher/estimator/disk.py, preflight.space_problems): checkpoint and
+model sizes, how many checkpoints exist at once, and a real small filesystem that cannot
+hold them."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import compose_config
-from launcher.disk import checkpoint_bytes, checkpoints_kept, disk_need
+from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
-from launcher.estimate import estimate
-from launcher.launch import check
+from launcher.estimator.disk import checkpoint_bytes, checkpoints_kept, disk_need
+from launcher.estimator.estimate import estimate
+from launcher.run.launch import check
 
 GPU = ["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8", "train.max_steps=10"]
 
@@ -89,7 +90,7 @@ def test_a_filesystem_too_small_for_the_checkpoints_is_refused_unless_forced(
 
 
 def test_save_time_is_estimated_from_the_checkpoint_size():
-    from launcher.disk import WRITE_BYTES_PER_S, save_time_estimate
+    from launcher.estimator.disk import WRITE_BYTES_PER_S, save_time_estimate
 
     cfg = compose_config([*GPU, "precision=bf16", "strategy=zero3"])
     p, trainable = params(cfg)
@@ -99,7 +100,7 @@ def test_save_time_is_estimated_from_the_checkpoint_size():
 
 
 def test_the_last_measured_save_wins(tmp_path: Path):
-    from launcher.disk import measured_save_time
+    from launcher.estimator.disk import measured_save_time
 
     assert measured_save_time(tmp_path) is None
     (tmp_path / "metrics.jsonl").write_text(

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.schema import RunConfig
 from launcher.engines.deepspeed.ds_config import (
     PRECISIONS,
     build_ds_config,
@@ -19,8 +20,7 @@ from launcher.engines.deepspeed.ds_config import (
     reference_config,
 )
 from launcher.engines.deepspeed.ds_config import main as ds_config_main
-from launcher.extensions import use_own_build_cache
-from launcher.schema import RunConfig
+from launcher.rank.extensions import use_own_build_cache
 
 DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
 GPU = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
@@ -295,7 +295,7 @@ def test_buckets_are_never_tinier_than_a_million_elements_or_an_eighth_of_the_mo
     collectives per step. The floor is 2**20 elements, or an eighth of the model if smaller
     (at least 8 buckets, so ZeRO-2 still frees others' gradients during the backward)."""
     from launcher.engines.deepspeed.ds_config import MIN_BUCKET_ELEMENTS
-    from launcher.flops import count_params
+    from launcher.estimator.flops import count_params
 
     tiny = cfg_for("strategy=zero3")
     zero = build_ds_config(tiny)["zero_optimization"]
@@ -452,7 +452,7 @@ def test_hf_mismatch_check_agrees_with_the_same_run_config(tmp_path: Path) -> No
 TRAINER_RUN = r"""
 import json, os, sys, tempfile
 import torch
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
 from launcher.engines.deepspeed.ds_config import build_ds_config
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1",
@@ -530,7 +530,7 @@ def test_building_configs_imports_no_heavy_library() -> None:
 
     code = (
         "import sys\n"
-        "from launcher.compose import compose_config\n"
+        "from launcher.config.compose import compose_config\n"
         "from launcher.engines.deepspeed.ds_config import build_ds_config\n"
         "from launcher.engines.fsdp.settings import build_fsdp_settings\n"
         "build_ds_config(compose_config(['strategy=zero3_offload']))\n"

@@ -1,5 +1,6 @@
-"""launcher/encode.py (through launcher/data.py's encoder_for/encode): chat templates without
-generation markers, assistant-only labels, raw formats, truncation, bad templates."""
+"""launcher/data/encode.py (through launcher/data/loading.py's encoder_for/encode): chat
+templates without generation markers, assistant-only labels, raw formats, truncation, bad
+templates."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from typing import Any
 
 import pytest
 
-from launcher import data
-from launcher.compose import compose_config
-from launcher.encode import (
+from launcher.config.compose import compose_config
+from launcher.data import loading as data
+from launcher.data.encode import (
     BUILTIN_CHAT_TEMPLATE,
     IGNORE_INDEX,
     Encoder,
     adopt_chat_template,
     chat_template_for,
 )
+from launcher.data.formats import RowError, column_map
 from launcher.errors import DataError
-from launcher.formats import RowError, column_map
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "assets" / "tokenizer"
@@ -163,7 +164,7 @@ def expected_labels(tok: Any, ids: list[int], spans: list[tuple[int, int]]) -> l
 def assert_conversations_fallback(cfg: Any, tok: Any) -> None:
     columns = data.encoder_for(cfg, tok, ["conversations"]).columns
     assert columns == {"messages": "conversations"}, (
-        "BUG launcher/formats.py column_map: the launcher passes dataset.columns as "
+        "BUG launcher/data/formats.py column_map: the launcher passes dataset.columns as "
         "asdict(ColumnsConfig) ({'messages': '', ...}), so `'messages' not in renames` is "
         "False and a chat file with only a `conversations` column is never read from it "
         f"(column map {columns}); the check should be `not renames.get('messages')`"
@@ -231,7 +232,7 @@ def test_conversation_opening_with_an_assistant_turn_trains_only_its_text(toks, 
     (example,), _ = encoded(config("chat"), tok, [{"messages": messages}])
     got = trained(tok, example)
     assert got == f"Hello, how can I help?{template.end}four{template.end}", (
-        "BUG launcher/encode.py chat_text: an assistant turn at index 0 gets before='' "
+        "BUG launcher/data/encode.py chat_text: an assistant turn at index 0 gets before='' "
         "(transformers refuses to render an empty conversation), so the whole rendered "
         "turn, the template's assistant header included, is trained: trained text "
         f"{got!r}"
@@ -444,11 +445,11 @@ def test_chat_template_for_modes():
 
 def test_builtin_stand_in_is_announced_only_when_it_replaces_a_missing_template(
         base_tok, toks, caplog):
-    with caplog.at_level(logging.WARNING, logger="launcher.data"):
+    with caplog.at_level(logging.WARNING, logger="launcher.data.loading"):
         data.encoder_for(config("chat"), base_tok, ["messages"])
     assert "no chat template" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="launcher.data"):
+    with caplog.at_level(logging.WARNING, logger="launcher.data.loading"):
         data.encoder_for(config("chat", "dataset.template=builtin"), base_tok, ["messages"])
         data.encoder_for(config("chat"), toks["chatml"], ["messages"])
         data.encoder_for(config("text"), base_tok, ["text"])

@@ -10,12 +10,14 @@ import sys
 
 import pytest
 
-from launcher.auto import chosen_strategy
-from launcher.compose import compose_config
-from launcher.estimate import estimate
-from launcher.estimate_table import estimate_json, render_estimate_table
-from launcher.extensions import use_own_build_cache
-from launcher.flops import (
+from launcher.config.compose import compose_config
+from launcher.config.hardware import GPU_PRESETS
+from launcher.config.schema import RunConfig, StrategyConfig
+from launcher.config.strategies import concrete_strategies
+from launcher.estimator.auto import chosen_strategy
+from launcher.estimator.estimate import estimate
+from launcher.estimator.estimate_table import estimate_json, render_estimate_table
+from launcher.estimator.flops import (
     adapter_params,
     count_params,
     flops_per_token,
@@ -26,15 +28,13 @@ from launcher.flops import (
     training_flops,
     training_tokens,
 )
-from launcher.hardware import GPU_PRESETS
-from launcher.memory import (
+from launcher.estimator.memory import (
     GIB,
     activation_bytes,
     engine_model_state_parts,
     model_state_bytes,
 )
-from launcher.schema import RunConfig, StrategyConfig
-from launcher.strategies import concrete_strategies
+from launcher.rank.extensions import use_own_build_cache
 
 TABLE = concrete_strategies()
 
@@ -114,7 +114,7 @@ def test_largest_layer_of_llama_7b_is_the_embedding() -> None:
 # ------------------------------------------------------------------ model states
 # DeepSpeed's own estimators (estimate_zero2/3_model_states_mem_needs) are the published
 # reference for 16-bit ZeRO; the engine accounting agrees with them except for the 16-bit
-# partition they leave out of ZeRO-3 (launcher/memory.py ENGINE_ACCOUNTING_NOTES).
+# partition they leave out of ZeRO-3 (launcher/estimator/memory.py ENGINE_ACCOUNTING_NOTES).
 
 
 def engine_gib(stage: int, offload_optimizer: bool = False, offload_param: bool = False) -> float:
@@ -218,7 +218,7 @@ def test_offload_needs_host_memory() -> None:
 
 def test_fsdp_states_are_counted_as_zero3_but_its_peak_is_its_own() -> None:
     """The states column counts FSDP as ZeRO-3; the predicted peak follows FSDP's own
-    moments (launcher/peak.py: fp32 shards, one unsharded layer, no max_live gather)."""
+    moments (launcher/estimator/peak.py: fp32 shards, one unsharded layer, no max_live gather)."""
     cfg = cfg_for("model=llama-7b", "precision=bf16", "cluster.gpus_per_node=8")
     rows = {r.strategy: r for r in estimate(cfg).strategies}
     for fsdp, zero in (("fsdp", "zero3"), ("fsdp_offload", "zero3_offload")):
@@ -422,8 +422,8 @@ def test_a_concrete_strategy_missing_from_the_table_gets_its_own_row() -> None:
     assert est.row("zero2_old_site").gpu_bytes == est.row("zero2").gpu_bytes
 
 
-MODULES = ["launcher.estimate", "launcher.estimate_table", "launcher.flops", "launcher.memory",
-           "launcher.auto"]
+MODULES = [f"launcher.estimator.{m}" for m in ("estimate", "estimate_table", "flops", "memory",
+                                                "auto")]
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -439,8 +439,9 @@ def test_import_pulls_no_heavy_library(module: str) -> None:
 def test_estimate_does_not_import_auto() -> None:
     """auto reads an Estimate; the estimate (and its table) never ask auto back."""
     code = (
-        "import sys, launcher.estimate, launcher.estimate_table, launcher.memory; "
-        "print('launcher.auto' in sys.modules)"
+        "import sys, launcher.estimator.estimate, launcher.estimator.estimate_table, "
+        "launcher.estimator.memory; "
+        "print('launcher.estimator.auto' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

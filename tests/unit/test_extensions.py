@@ -1,4 +1,4 @@
-"""launcher/extensions.py: DeepSpeed's op builds in the environment's own cache, and a
+"""launcher/rank/extensions.py: DeepSpeed's op builds in the environment's own cache, and a
 killed build's lock reported instead of waited on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from launcher import extensions
+from launcher.rank import extensions
 
 
 def test_build_cache_is_the_environments_own_unless_the_user_set_one(tmp_path) -> None:

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.schema import RunConfig
+from launcher.config.validate import validate
 from launcher.engines.fsdp.settings import (
     build_fsdp_settings,
     fsdp_plugin_overrides,
     needs_unpinned_offload,
 )
 from launcher.errors import ConfigError
-from launcher.schema import RunConfig
-from launcher.validate import validate
 
 
 def cfg_for(*overrides: str) -> RunConfig:

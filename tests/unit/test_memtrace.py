@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher import memtrace
-from launcher.memtrace import CpuTracker, MemtraceUnavailable, PhasePeaks
+from launcher.rank import memtrace
+from launcher.rank.memtrace import CpuTracker, MemtraceUnavailable, PhasePeaks
 
 MIB = 2**20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.checkpoints import LORA_A, LORA_B, merge_lora_state_dict
+from launcher.rank.checkpoints import LORA_A, LORA_B, merge_lora_state_dict
 
 PREFIX = "base_model.model.model.layers.0.self_attn.q_proj"
 

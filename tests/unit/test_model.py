@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from launcher.compose import compose_config
-from launcher.model import build_device, build_model, load_tokenizer
+from launcher.config.compose import compose_config
+from launcher.rank.model import build_device, build_model, load_tokenizer
 
 
 @pytest.mark.parametrize(("strategy", "device"), [

@@ -1,4 +1,4 @@
-"""launcher/data.py packing: data.pack keeps every example whole and exactly once with
+"""launcher/data/loading.py packing: data.pack keeps every example whole and exactly once with
 restarting position_ids, fills its rows, and the packed Collator's batches (position_ids, no
 attention_mask) keep examples from attending to each other in a real (tiny) Llama."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from launcher import data
-from launcher.encode import IGNORE_INDEX, Encoder
+from launcher.data import loading as data
+from launcher.data.encode import IGNORE_INDEX, Encoder
+from launcher.data.formats import column_map
 from launcher.errors import DataError
-from launcher.formats import column_map
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "assets" / "tokenizer"

@@ -1,6 +1,6 @@
-"""The predicted per-rank peak (launcher/peak.py) against peaks MEASURED on this machine.
+"""The predicted per-rank peak (launcher/estimator/peak.py) against peaks MEASURED on this machine.
 
-CPU figures: live tensor bytes (launcher/memtrace.py's counting allocator) per phase of
+CPU figures: live tensor bytes (launcher/rank/memtrace.py's counting allocator) per phase of
 `ftl train` on 2 CPU ranks (gloo), torch 2.13.0+cpu, DeepSpeed 0.19.8, the ~102M Llama
 (hidden 1024, 8 layers, intermediate 2752, 4 heads, vocab 512), fp32, micro batch 2 x 64,
 4 steps, a checkpoint at step 4, the Trainer's torch AdamW. Reproduce with
@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.compose import compose_config
-from launcher.estimate import estimate
-from launcher.estimate_table import render_estimate_table
-from launcher.flops import adapter_params, count_params
-from launcher.memory import activation_bytes, lora_activation_bytes, model_state_bytes
-from launcher.peak import (
+from launcher.config.compose import compose_config
+from launcher.config.schema import StrategyConfig
+from launcher.config.strategies import concrete_strategies
+from launcher.estimator.estimate import estimate
+from launcher.estimator.estimate_table import render_estimate_table
+from launcher.estimator.flops import adapter_params, count_params
+from launcher.estimator.memory import activation_bytes, lora_activation_bytes, model_state_bytes
+from launcher.estimator.peak import (
     PeakPrediction,
     other_ranks_peak,
     peak_inputs,
     predict_peak,
     strategy_moments,
 )
-from launcher.peak_terms import PeakInputs
-from launcher.schema import StrategyConfig
-from launcher.strategies import concrete_strategies
+from launcher.estimator.peak_terms import PeakInputs
 
 TABLE = concrete_strategies()
 CPU_MODEL = ["model.hidden_size=1024", "model.num_layers=8", "model.intermediate_size=2752",

@@ -1,4 +1,4 @@
-"""launcher/preprocess.py and `ftl preprocess`: tokenize once, cache by content, rank 0
+"""launcher/data/preprocess.py and `ftl preprocess`: tokenize once, cache by content, rank 0
 builds while the others wait, bad data ends with exit 2 and nothing cached."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher import preprocess
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.data import preprocess
 from launcher.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.checkpoints import latest_in_earlier_runs, resume_checkpoint
+from launcher.rank.checkpoints import latest_in_earlier_runs, resume_checkpoint
 from launcher.rundir import RunDir, write_complete_marker
 
 

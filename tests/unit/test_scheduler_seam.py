@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import scheduler
 from launcher.errors import ConfigError
-from launcher.submit import cancel, status, submit
+from launcher.schedulers import base as scheduler
+from launcher.schedulers.submit import cancel, status, submit
 
 FAKE = ["cluster=local", "cluster.scheduler=fake", "cluster.gpus_per_node=1"]
 
@@ -38,7 +38,7 @@ def test_a_second_scheduler_submits_reports_and_cancels(
     (run_dir,) = [p for p in tmp_path.glob("*/*") if p.is_dir()]
     job_id = (run_dir / "job_id").read_text().strip()
     assert fake_scheduler.SUBMITTED[job_id] == run_dir / "job.fake"
-    assert "launcher.worker" in (run_dir / "job.fake").read_text()
+    assert "launcher.rank.worker" in (run_dir / "job.fake").read_text()
     assert f"ftl submit: job {job_id}" in printed.getvalue()
 
     with redirect_stdout(StringIO()) as printed:
@@ -73,7 +73,7 @@ def test_its_rules_join_the_one_validation_stage(fake_registered: None, tmp_path
 def test_its_warnings_come_from_the_validation_stage(
     fake_registered: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from launcher.launch import check
+    from launcher.run.launch import check
 
     job = [*FAKE, "cluster.nodes=4", f"run.output_dir={tmp_path}"]
     warning = "cluster.nodes=4: the whole fake cluster; other jobs wait. Fix: cluster.nodes=3"

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from launcher.auto import candidates, choose, resolve
-from launcher.compose import compose_config, config_dir
+from launcher.config.compose import compose_config, config_dir
+from launcher.config.strategies import (
+    auto_ladder,
+    concrete_strategies,
+    strategy_table,
+)
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import (
     build_ds_config,
     deepspeed_strategies,
     reference_files,
 )
-from launcher.estimate import estimate
-from launcher.strategies import (
-    auto_ladder,
-    concrete_strategies,
-    strategy_table,
-)
+from launcher.estimator.auto import candidates, choose, resolve
+from launcher.estimator.estimate import estimate
 
 NEW_STRATEGY = """\
 # a site's own variant: ZeRO-2 without overlapping communication

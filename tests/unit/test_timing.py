@@ -82,7 +82,7 @@ def test_process_start_is_in_the_past_and_recent() -> None:
 
 
 def test_libraries_a_run_does_not_use(tmp_path) -> None:
-    from launcher.compose import compose_config
+    from launcher.config.compose import compose_config
 
     def hidden(*overrides: str) -> tuple[str, ...]:
         return timing.unused_libraries(compose_config(list(overrides)))
@@ -115,7 +115,7 @@ def test_libraries_a_run_does_not_use(tmp_path) -> None:
 
 
 def test_only_rank_0_without_finished_data_tokenizes(tmp_path) -> None:
-    from launcher.preprocess import META, rank_builds_data
+    from launcher.data.preprocess import META, rank_builds_data
 
     assert rank_builds_data(tmp_path / "data", 0)
     assert not rank_builds_data(tmp_path / "data", 1)  # the others only wait and read
@@ -128,7 +128,7 @@ def test_only_rank_0_without_finished_data_tokenizes(tmp_path) -> None:
 
 HIDE_CODE = """
 import sys
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
 from launcher import timing
 timing.import_stack(compose_config(sys.argv[1:]))
 import importlib.util
@@ -183,7 +183,7 @@ def test_token_counter_counts_locally_and_sums_when_read() -> None:
     import torch
     from transformers import Trainer, TrainerControl, TrainerState
 
-    from launcher.callbacks.tokens import TokenCounter
+    from launcher.rank.callbacks.tokens import TokenCounter
 
     # The Trainer method it replaces exists in this transformers (else it counts as before).
     assert callable(getattr(Trainer, "_track_num_input_tokens", None))

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.compose import compose_config
+from launcher.config.compose import compose_config
+from launcher.config.hardware import GPU_PRESETS
+from launcher.config.validate import Target, validate
 from launcher.errors import ConfigError
-from launcher.hardware import GPU_PRESETS
-from launcher.planner import make_plan, plan_launch
+from launcher.run.planner import make_plan, plan_launch
 from launcher.rundir import write_complete_marker
-from launcher.validate import Target, validate
 
 
 def problems_for(overrides: list[str], target: Target = "plan") -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from launcher import rundir
+from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.base import Engine
 from launcher.engines.deepspeed.ds_config import build_ds_config
 from launcher.engines.deepspeed.moments import (
@@ -18,9 +19,8 @@ from launcher.engines.deepspeed.moments import (
     zero3_moments,
     zero12_moments,
 )
-from launcher.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
 from launcher.rundir import RunDir
-from launcher.schema import RunConfig, StrategyConfig
 
 
 class DeepSpeedEngine(Engine):
@@ -64,7 +64,7 @@ class DeepSpeedEngine(Engine):
     # ------------------------------------------------------------ rank side
 
     def prepare_rank(self, cfg: RunConfig) -> None:
-        from launcher import extensions
+        from launcher.rank import extensions
 
         # Before DeepSpeed builds or loads an op: this environment's build cache, and a
         # clear error rather than an endless wait on a killed build's lock.

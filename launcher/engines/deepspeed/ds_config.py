@@ -45,11 +45,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import PrecisionConfig, RunConfig
+from launcher.config.strategies import concrete_strategies
 from launcher.engines import of_engine
-from launcher.flops import count_params
-from launcher.hardware import gpu_preset
-from launcher.schema import PrecisionConfig, RunConfig
-from launcher.strategies import concrete_strategies
+from launcher.estimator.flops import count_params
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 MIN_BUCKET_ELEMENTS = 2**20
@@ -62,7 +62,7 @@ MIN_BUCKETS = 8
 """A model is reduced in at least this many buckets, so stage 2 still frees the gradients
 other ranks own during the backward (one bucket would hold every gradient until the end)."""
 OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
-"""train.optimizer: see launcher/schema.py (checked by launcher/rules.py)."""
+"""train.optimizer: see launcher/config/schema.py (checked by launcher/config/rules.py)."""
 REFERENCE_OVERRIDES: tuple[str, ...] = (
     "model=llama-7b",
     "cluster.gpu=a100-80g",
@@ -197,7 +197,7 @@ def deepspeed_strategies() -> tuple[str, ...]:
 
 def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
-    from launcher.compose import compose_config
+    from launcher.config.compose import compose_config
 
     overrides = [*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"]
     return compose_config(overrides)

@@ -1,8 +1,8 @@
-"""DeepSpeed ZeRO stage 1/2/3 peak-memory moments (launcher/peak_terms.py terms)."""
+"""DeepSpeed ZeRO stage 1/2/3 peak-memory moments (launcher/estimator/peak_terms.py terms)."""
 
 from __future__ import annotations
 
-from launcher.peak_terms import (
+from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,

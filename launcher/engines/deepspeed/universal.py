@@ -25,7 +25,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.checkpoints import checkpoint_step, checkpoint_world_size
+from launcher.rank.checkpoints import checkpoint_step, checkpoint_world_size
 from launcher.rundir import UNIVERSAL, RunDir
 
 

@@ -8,12 +8,12 @@ import json
 from typing import Any, ClassVar
 
 from launcher import rundir
+from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.base import Engine, zero_stage_unused
 from launcher.engines.fsdp.moments import fsdp_moments, lora_fsdp_moments
 from launcher.engines.fsdp.settings import build_fsdp_settings, fsdp_plugin_overrides
-from launcher.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
 from launcher.rundir import RunDir
-from launcher.schema import RunConfig, StrategyConfig
 
 
 class FsdpEngine(Engine):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.hardware import gpu_preset
-from launcher.schema import RunConfig
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig
 
 
 def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def build_fsdp_settings(cfg: RunConfig) -> dict[str, Any]:
             # FULL: one HF-loadable model.safetensors at save; SHARDED: one file per rank.
             "state_dict_type": "FULL_STATE_DICT" if full_state else "SHARDED_STATE_DICT",
             # accelerate moves the model to meta and fills every shard from RANK 0's weights
-            # by broadcast; the other ranks build theirs on meta (launcher/model.py), so
+            # by broadcast; the other ranks build theirs on meta (launcher/rank/model.py), so
             # only rank 0 ever holds the whole model, pretrained or built from config.
             "cpu_ram_efficient_loading": True,
             # FSDP's own checkpointing; TrainingArguments.gradient_checkpointing would add a

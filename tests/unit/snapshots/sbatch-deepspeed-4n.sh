@@ -60,7 +60,7 @@ ftl_stop() {
 }
 trap "ftl_stop TERM" TERM
 trap "ftl_stop INT" INT
-(trap "" TERM INT; exec setsid deepspeed --hostfile "${FTL_RUN_DIR}"/hostfile --no_ssh --node_rank "${FTL_NODE_RANK}" --num_nodes 4 --num_gpus 8 --master_addr "${FTL_HEAD_NODE}" --master_port 29500 --no_local_rank --enable_each_rank_log "${FTL_RUN_DIR}"/logs --module launcher.worker "${FTL_RUN_DIR}") &
+(trap "" TERM INT; exec setsid deepspeed --hostfile "${FTL_RUN_DIR}"/hostfile --no_ssh --node_rank "${FTL_NODE_RANK}" --num_nodes 4 --num_gpus 8 --master_addr "${FTL_HEAD_NODE}" --master_port 29500 --no_local_rank --enable_each_rank_log "${FTL_RUN_DIR}"/logs --module launcher.rank.worker "${FTL_RUN_DIR}") &
 launcher=$!
 # wait returns early (status > 128) when a trap ran; then keep waiting.
 while :; do

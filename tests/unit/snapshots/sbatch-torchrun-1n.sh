@@ -59,7 +59,7 @@ ftl_stop() {
 }
 trap "ftl_stop TERM" TERM
 trap "ftl_stop INT" INT
-(trap "" TERM INT; exec setsid torchrun --standalone --nnodes 1 --nproc_per_node 8 --log_dir "${FTL_RUN_DIR}"/logs --redirects 3 --tee 0:3 --module launcher.worker "${FTL_RUN_DIR}") &
+(trap "" TERM INT; exec setsid torchrun --standalone --nnodes 1 --nproc_per_node 8 --log_dir "${FTL_RUN_DIR}"/logs --redirects 3 --tee 0:3 --module launcher.rank.worker "${FTL_RUN_DIR}") &
 launcher=$!
 # wait returns early (status > 128) when a trap ran; then keep waiting.
 while :; do

@@ -1,0 +1,179 @@
+"""Hydra compose: configs/ + command-line overrides -> a typed RunConfig.
+
+Hydra stops at the first bad override; we retry each override alone to report every
+bad one in a single ConfigError, phrased as the user typed it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.config.schema import GROUPS, RunConfig, register_configs
+from launcher.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_home() -> Path:
+    """The project's per-user cache (FTL_CACHE_DIR, else ~/.cache/ftlaunch): what is built
+    once and reused by every run of this user (tokenized data, the memtrace counter)."""
+    return Path(os.environ.get("FTL_CACHE_DIR") or Path.home() / ".cache" / "ftlaunch")
+
+
+def config_dir() -> Path:
+    """configs/ of this checkout, or FTL_CONFIG_DIR for a site-specific tree."""
+    return Path(os.environ.get("FTL_CONFIG_DIR", PROJECT_ROOT / "configs")).resolve()
+
+
+def compose_dict(overrides: list[str]) -> DictConfig:
+    """Compose configs/ with `overrides`; raises ConfigError naming every bad override."""
+    try:
+        return _compose(overrides)
+    except Exception as first:  # noqa: BLE001 - Hydra raises several unrelated types
+        problems = [_explain(o, e) for o in overrides if (e := _failure([o])) is not None]
+        raise ConfigError(problems or [_explain(" ".join(overrides), first)]) from None
+
+
+def compose_config(overrides: list[str]) -> RunConfig:
+    """The typed RunConfig for `overrides`, relative file paths made absolute."""
+    cfg = compose_dict(overrides)
+    run_config = to_run_config(cfg)
+    notice = own_eval_set(run_config, overrides)
+    if notice:
+        print(f"ftl: {notice}", file=sys.stderr)
+    return resolve_paths(run_config, Path.cwd())
+
+
+def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
+    """`dataset.path=FILE` without `dataset.eval_path`: the group's eval file belongs to the
+    group's data, not to FILE, so it is dropped and `dataset.eval_fraction` of FILE is held
+    out (as LLaMA-Factory's val_size and axolotl's val_set_size do). Returns the notice
+    saying what the run now evaluates on, or None when nothing changed."""
+    given = {_key(override) for override in overrides}
+    data = cfg.dataset
+    if "dataset.path" not in given or "dataset.eval_path" in given or not data.eval_path:
+        return None
+    dropped, data.eval_path = data.eval_path, ""
+    name = Path(data.path).name or data.path
+    what = (f"evaluating on {data.eval_fraction * 100:g}% of {name} "
+            f"(dataset.eval_fraction={data.eval_fraction:g})" if data.eval_fraction > 0
+            else "no eval set (dataset.eval_fraction=0)")
+    return (f"dataset.path={data.path}: {what}; the dataset group's eval file {dropped} "
+            "belongs to its own data. Set dataset.eval_path=FILE to evaluate on another file.")
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """DictConfig -> RunConfig dataclasses (also used by the worker on config.yaml)."""
+    typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    run_config = OmegaConf.to_object(typed)
+    assert isinstance(run_config, RunConfig)
+    return run_config
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    _reject_added_keys(cfg)
+    return cfg
+
+
+def _failure(overrides: list[str]) -> Exception | None:
+    try:
+        _compose(overrides)
+    except Exception as error:  # noqa: BLE001
+        return error
+    return None
+
+
+def _reject_added_keys(cfg: DictConfig) -> None:
+    """`+train.x=1` slips past Hydra's struct check on dataclass nodes; refuse it here."""
+    root_keys = {f.name for f in fields(RunConfig)}
+    for key in cfg:
+        if key not in root_keys:
+            raise KeyError(f"Key '{key}' not in 'RunConfig'")
+        section = getattr(RunConfig(), str(key))
+        if is_dataclass(section):
+            known = {f.name for f in fields(section)}
+            for sub in cfg[key]:
+                if sub not in known:
+                    raise KeyError(f"Key '{sub}' not in '{type(section).__name__}'")
+
+
+def _explain(override: str, error: Exception) -> str:
+    """One line: the override as typed, what is wrong, and how to fix it."""
+    text = f"{error} {error.__cause__ or ''}"
+    missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        available = re.findall(r"^\t(\S+)$", text.split("Available options")[-1], re.M)
+        return (
+            f"{group}={option}: no such {group}. Available: {', '.join(available)}. "
+            f"Fix: pick one of these, or add configs/{group}/{option}.yaml."
+        )
+    unknown = re.search(r"Key '([^']+)' not in '(\w+)'", text)
+    if unknown:
+        return _unknown_key(override, unknown.group(1))
+    typed = re.search(r"Value '([^']*)' of type '\w+' could not be converted to (\w+)", text)
+    if typed:
+        return (
+            f"{override}: '{typed.group(1)}' is not a valid {typed.group(2).lower()}. "
+            f"Fix: give {_key(override)} a {typed.group(2).lower()} value."
+        )
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    return f"{override}: {first_line}. Fix: see `ftl plan --help` for the override syntax."
+
+
+def _unknown_key(override: str, name: str) -> str:
+    key = _key(override)
+    section = key.split(".")[0]
+    if section in {f.name for f in fields(RunConfig)} and "." in key:
+        known = [f.name for f in fields(getattr(RunConfig(), section))]
+        return (
+            f"{override}: unknown key '{name}' in {section}. "
+            f"Known keys: {', '.join(known)}. Fix: check the spelling."
+        )
+    return (
+        f"{override}: unknown key '{key}'. Top-level keys are "
+        f"{', '.join(f.name for f in fields(RunConfig))}; groups are {', '.join(GROUPS)}."
+    )
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
+    """Make local file paths absolute (ranks may start elsewhere); hub ids stay as given."""
+    model, dataset = run_config.model, run_config.dataset
+    model.path = local_or_as_is(model.path, cwd)
+    model.tokenizer = local_or_as_is(model.tokenizer, cwd)
+    dataset.path = local_or_as_is(dataset.path, cwd)
+    dataset.eval_path = local_or_as_is(dataset.eval_path, cwd)
+    run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
+    if dataset.cache_dir:
+        dataset.cache_dir = str((cwd / os.path.expanduser(dataset.cache_dir)).resolve())
+    return run_config
+
+
+def local_or_as_is(path: str, cwd: Path | None = None) -> str:
+    """An existing local path, looked up in `cwd` (default: the working directory) and then
+    the project root (where the bundled data/ and assets/ live), made absolute; anything
+    else (a hub id, a missing file) as given."""
+    path = os.path.expanduser(path)
+    if not path or os.path.isabs(path):
+        return path
+    for base in (cwd or Path.cwd(), PROJECT_ROOT):
+        if (base / path).exists():
+            return str((base / path).resolve())
+    return path

@@ -1,0 +1,217 @@
+"""Checks that look beyond the RunConfig: this machine, its files, earlier launches.
+
+Part of the one validation stage (launcher/config/validate.py): each function returns problems,
+never raises, so every problem reaches the user in one message before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.config.schema import RunConfig
+
+if TYPE_CHECKING:
+    from launcher.estimator.estimate import Estimate
+
+HUB_HOST = "huggingface.co"
+
+
+def local_launch_problems(cfg: RunConfig) -> list[str]:
+    """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
+    cluster, problems = cfg.cluster, []
+    if cluster.scheduler != "none":
+        problems.append(
+            f"cluster={cluster.name}: `ftl train` runs on this machine, and this cluster "
+            f"uses the {cluster.scheduler} scheduler. Fix: `ftl submit cluster={cluster.name} "
+            "...` for a batch job, or cluster=local."
+        )
+        return problems
+    # deepspeed without a hostfile is a config rule (rules._multi_node): reported once, there.
+    if cluster.nodes > 1 and cluster.launcher != "deepspeed":
+        problems.append(
+            f"cluster.nodes={cluster.nodes} with cluster={cluster.name}: a local run uses this "
+            "machine only. Fix: cluster.nodes=1, `ftl submit cluster=slurm cluster.nodes="
+            f"{cluster.nodes}`, or cluster.launcher=deepspeed with cluster.hostfile=PATH."
+        )
+    elif cluster.nodes > 1 and cluster.hostfile:
+        problems += hostfile_problems(cluster.hostfile, cluster.nodes)
+    if cluster.gpu != "cpu" and shutil.which("nvidia-smi") is None:
+        problems.append(
+            f"cluster.gpu={cluster.gpu}: this machine has no NVIDIA GPU. Fix: "
+            "cluster.gpu=cpu to train here, or `ftl submit cluster=slurm ...` on a GPU cluster."
+        )
+    return problems + missing_sources(cfg) + unreadable_data(cfg)
+
+
+def hostfile_problems(path: str, nodes: int) -> list[str]:
+    """A DeepSpeed hostfile: `host slots=N` per line, at least `nodes` hosts."""
+    key = f"cluster.hostfile={path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        return [f"{key}: cannot be read ({error.strerror}). Fix: the path of a hostfile "
+                "with one `host slots=N` line per node."]
+    hosts, bad = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("slots=") or \
+                not parts[1].removeprefix("slots=").isdigit():
+            bad.append(f"line {number} {line!r}")
+        else:
+            hosts.append(parts[0])
+    problems = [f"{key}: {where} is not `host slots=N`. Fix: one `host slots=N` per line."
+                for where in bad]
+    if not bad and len(hosts) < nodes:
+        problems.append(f"{key}: lists {len(hosts)} host(s), cluster.nodes={nodes}. "
+                        f"Fix: list {nodes} hosts or set cluster.nodes={len(hosts)}.")
+    return problems
+
+
+def missing_sources(cfg: RunConfig) -> list[str]:
+    sources = [
+        ("model.path", cfg.model.path),
+        ("model.tokenizer", cfg.model.tokenizer),
+        ("dataset.path", cfg.dataset.path),
+        ("dataset.eval_path", cfg.dataset.eval_path),
+    ]
+    remote = [(key, value) for key, value in sources if value and not Path(value).exists()]
+    if not remote or hub_reachable():
+        return []
+    return [
+        f"{key}={value}: not found on this machine, and the HF hub is unreachable from here. "
+        f"Fix: download it and set {key}=/local/path, or `ftl submit` where the hub is "
+        "reachable; `ftl plan` shows the plan without running it."
+        for key, value in remote
+    ]
+
+
+def unreadable_data(cfg: RunConfig) -> list[str]:
+    """Scan local data files row by row here (streaming, nothing kept), so a bad line fails
+    with its file and line number before any rank starts."""
+    from dataclasses import asdict
+
+    from launcher.data.datascan import scan_file
+    from launcher.data.formats import FORMATS
+
+    data = cfg.dataset
+    if data.format not in FORMATS:
+        return []  # rules._choices reports the format; its rows cannot be judged
+    renames = asdict(data.columns)
+    problems = []
+    for key, path in (("dataset.path", data.path), ("dataset.eval_path", data.eval_path)):
+        # A missing path is missing_sources' to report; a directory is a saved dataset.
+        if path and Path(path).is_file():
+            scan = scan_file(Path(path), data.format, renames)
+            problems += [f"{key}={path}: {problem}" for problem in scan.problems]
+    return problems
+
+
+def hub_reachable() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        return False
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
+def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
+    """The checkpoint this launch would resume from must be loadable by this run."""
+    from launcher.rank.checkpoints import is_complete
+
+    resume = cfg.run.resume
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        return [
+            f"run.resume={resume}: no such checkpoint directory. "
+            "Fix: run.resume=auto, run.resume=never, or the path of a checkpoint-N directory."
+        ]
+    if resume_from is None:
+        return []
+    if not is_complete(resume_from):
+        return [
+            f"run.resume={resume}: {resume_from} has no COMPLETE marker, so its save may not "
+            "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
+            "run, or run.resume=auto to take the latest complete one."
+        ]
+    return []
+
+
+def resume_source(cfg: RunConfig) -> Path | None:
+    """What a new launch resumes from: run.resume=PATH, or with auto the newest complete
+    checkpoint of an earlier unfinished launch of the same run name."""
+    from launcher.rank.checkpoints import latest_in_earlier_runs
+
+    resume = cfg.run.resume
+    if resume == "never":
+        return None
+    if resume != "auto":
+        path = Path(resume).expanduser()
+        return path.resolve() if path.is_dir() else None
+    return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
+
+
+def output_problems(cfg: RunConfig) -> list[str]:
+    """run.output_dir can be created and written."""
+    key = f"run.output_dir={cfg.run.output_dir}"
+    base = _nearest_existing(Path(cfg.run.output_dir))
+    if not base.is_dir():
+        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."]
+    if not os.access(base, os.W_OK | os.X_OK):
+        return [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
+    return []
+
+
+def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
+    """run.output_dir's filesystem holds the checkpoints the run keeps plus its final model
+    (sizes: launcher/estimator/disk.py)."""
+    if estimate is None:
+        return []
+    from launcher.estimator.disk import disk_need
+
+    base = _nearest_existing(Path(cfg.run.output_dir))
+    need = disk_need(cfg, estimate.params, estimate.trainable_params)
+    free = shutil.disk_usage(base).free
+    if not base.is_dir() or free >= need.total_bytes:
+        return []
+    gib = 1024**3
+    at_least = "" if need.exact else "at least "
+    return [
+        f"run.output_dir={cfg.run.output_dir}: {free / gib:.2f} GiB free on its filesystem "
+        f"({base}); the run needs {at_least}{need.total_bytes / gib:.2f} GiB: "
+        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / gib:.2f} GiB "
+        f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
+        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir, "
+        "fewer kept checkpoints (train.save_total_limit=2), or run.force=true to try anyway."
+    ]
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
+    """With offload and cluster.host_memory_gib unset, this machine's RAM holds the states."""
+    row = estimate.row(cfg.strategy.name) if estimate is not None else None
+    if row is None or row.host_bytes <= 0 or cfg.cluster.host_memory_gib > 0:
+        return []
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if row.host_bytes <= total:
+        return []
+    gib = 1024**3
+    return [
+        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / gib:.1f} "
+        f"GiB of host RAM, this machine has {total / gib:.1f} GiB. Fix: a strategy without "
+        "offload that fits (`ftl estimate`), more nodes, or peft=lora."
+    ]
+

@@ -1,0 +1,348 @@
+"""Configuration rules: pure functions of a RunConfig, each returning its problems.
+
+Each message names the key as typed on the command line, its value, and the fix. The one
+validation stage (launcher/config/validate.py) runs them together with the machine and scheduler
+checks and reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from launcher.config.hardware import GPU_PRESETS
+from launcher.config.schema import RunConfig
+from launcher.config.strategies import strategy_table
+from launcher.data.formats import FIELDS, FORMATS, unknown_renames
+from launcher.engines import backend_problems, engine_of
+from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
+from launcher.schedulers.base import SCHEDULERS
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "precision.name": PRECISIONS,
+    "cluster.launcher": ("torchrun", "deepspeed"),
+    "cluster.gpu": tuple(GPU_PRESETS),
+    "peft.name": ("none", "lora", "qlora"),
+    "dataset.format": FORMATS,
+    "dataset.template": ("auto", "builtin"),
+    "train.optimizer": OPTIMIZERS,
+    "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
+}
+
+Rule = Callable[[RunConfig], list[str]]
+
+
+def config_problems(cfg: RunConfig) -> list[str]:
+    """Rules on the values as given (strategy=auto not yet resolved)."""
+    rules: list[Rule] = [
+        _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
+        _multi_node, _plain_names,
+    ]
+    return [problem for rule in rules for problem in rule(cfg)]
+
+
+def strategy_problems(cfg: RunConfig) -> list[str]:
+    """Rules on the strategy the run will use (after strategy=auto is resolved)."""
+    if backend_problems(cfg.strategy):
+        return []  # config_problems names it
+    rules: list[Rule] = [_strategy, _peft]
+    return [problem for rule in rules for problem in rule(cfg)]
+
+
+def _get(cfg: RunConfig, dotted: str) -> object:
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def _choices(cfg: RunConfig) -> list[str]:
+    problems = []
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
+    schedulers = ("none", *SCHEDULERS)  # read now: a scheduler may register after import
+    if cfg.cluster.scheduler not in schedulers:
+        problems.append(
+            f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
+            "Fix: pick one."
+        )
+    problems += backend_problems(cfg.strategy)
+    table = strategy_table()
+    if cfg.strategy.name not in table:
+        problems.append(
+            f"strategy.name={cfg.strategy.name}: no configs/strategy/{cfg.strategy.name}.yaml. "
+            f"Fix: strategy=NAME with one of {', '.join(table)}."
+        )
+    return problems
+
+
+POSITIVE = (
+    "cluster.nodes", "cluster.gpus_per_node", "train.micro_batch_size", "train.grad_accum",
+    "train.lr", "train.save_steps", "train.logging_steps", "dataset.max_length", "train.mfu",
+)
+
+
+def _positive(cfg: RunConfig) -> list[str]:
+    problems = [
+        f"{key}={_get(cfg, key)}: must be greater than 0. Fix: set {key} to a positive value."
+        for key in POSITIVE
+        if _get(cfg, key) <= 0  # type: ignore[operator]
+    ]
+    train = cfg.train
+    if train.max_steps == 0 or train.max_steps < -1:
+        problems.append(
+            f"train.max_steps={train.max_steps}: must be a positive step count, or -1 to run "
+            "train.epochs epochs. Fix: e.g. train.max_steps=1000."
+        )
+    if train.max_steps == -1 and train.epochs <= 0:
+        problems.append(
+            f"train.epochs={train.epochs}: must be greater than 0 when train.max_steps=-1. "
+            "Fix: train.epochs=1 or set train.max_steps."
+        )
+    if train.save_total_limit < 0 or train.save_total_limit == 1:
+        problems.append(
+            f"train.save_total_limit={train.save_total_limit}: keep 0 (all checkpoints) or at "
+            "least 2; with 1 the oldest is deleted before the newest is complete, so a crash "
+            "then leaves nothing to resume from. Fix: train.save_total_limit=2."
+        )
+    if train.eval_steps < 0:
+        problems.append(f"train.eval_steps={train.eval_steps}: must be >= 0 (0: at the end).")
+    if not 0 <= train.warmup_ratio < 1:
+        problems.append(f"train.warmup_ratio={train.warmup_ratio}: must be in [0, 1).")
+    if train.mfu > 1:
+        problems.append(f"train.mfu={train.mfu}: a utilisation in (0, 1]. Fix: e.g. 0.4.")
+    if not 0 < cfg.cluster.master_port < 65536:
+        problems.append(f"cluster.master_port={cfg.cluster.master_port}: not a TCP port.")
+    return problems
+
+
+def _precision(cfg: RunConfig) -> list[str]:
+    name, gpu = cfg.precision.name, cfg.cluster.gpu
+    preset = GPU_PRESETS.get(gpu)
+    if preset is None:
+        return []
+    if name == "fp16" and not preset.supports_fp16:
+        where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
+        return [
+            f"precision=fp16: {where} cannot run fp16 mixed precision. "
+            "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."
+        ]
+    if name == "bf16" and not preset.supports_bf16:
+        return [
+            f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
+            "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."
+        ]
+    return []
+
+
+def _strategy(cfg: RunConfig) -> list[str]:
+    strategy, engine = cfg.strategy, engine_of(cfg.strategy)
+    problems = engine.problems(cfg)
+    if cfg.cluster.launcher not in engine.launchers:
+        problems.append(
+            f"strategy={strategy.name} with cluster.launcher={cfg.cluster.launcher}: the "
+            f"{engine.name} engine is started by {' or '.join(engine.launchers)} only. "
+            f"Fix: cluster.launcher={engine.launchers[0]}."
+        )
+    return problems
+
+
+def _batch(cfg: RunConfig) -> list[str]:
+    train, requested = cfg.train, cfg.train.global_batch_size
+    if requested is None or min(train.micro_batch_size, train.grad_accum, cfg.world_size) <= 0:
+        return []
+    actual = train.micro_batch_size * train.grad_accum * cfg.world_size
+    if requested == actual:
+        return []
+    per_step = train.micro_batch_size * cfg.world_size
+    fix = (
+        f"train.grad_accum={requested // per_step}"
+        if requested % per_step == 0
+        else "a train.global_batch_size divisible by train.micro_batch_size x world size "
+        f"({per_step})"
+    )
+    return [
+        f"train.global_batch_size={requested}: train.micro_batch_size x train.grad_accum x "
+        f"world size (cluster.nodes x cluster.gpus_per_node) = {train.micro_batch_size} x "
+        f"{train.grad_accum} x {cfg.world_size} = {actual}. Fix: {fix}."
+    ]
+
+
+def _model(cfg: RunConfig) -> list[str]:
+    model, problems = cfg.model, []
+    if model.num_heads <= 0 or model.hidden_size % model.num_heads:
+        problems.append(
+            f"model.num_heads={model.num_heads}: must divide model.hidden_size="
+            f"{model.hidden_size}. Fix: correct the model's architecture numbers."
+        )
+    if model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1):
+        problems.append(
+            f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
+            f"{model.num_heads}. Fix: correct the model's architecture numbers."
+        )
+    if not model.tokenizer and not model.path:
+        problems.append(
+            f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
+            "Fix: set model.tokenizer to a tokenizer directory or hub id."
+        )
+    if cfg.dataset.max_length > model.max_position_embeddings:
+        problems.append(
+            f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
+            f"model.max_position_embeddings={model.max_position_embeddings}. "
+            f"Fix: dataset.max_length={model.max_position_embeddings} or less."
+        )
+    return problems
+
+
+def _peft(cfg: RunConfig) -> list[str]:
+    peft, problems = cfg.peft, []
+    if peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0):
+        problems.append(f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive.")
+    if peft.name == "lora" and peft.bits != 16:
+        problems.append(
+            f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
+            "Fix: peft.bits=16, or peft=qlora for a 4-bit base."
+        )
+    if peft.name == "qlora" and peft.bits != 4:
+        problems.append(
+            f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
+            "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."
+        )
+    if peft.name == "qlora" and not cfg.model.path:
+        problems.append(
+            f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
+            "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."
+        )
+    if peft.name == "qlora" and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3:
+        problems.append(
+            f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
+            "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
+        )
+    return problems + _qlora_on_cpu(cfg)
+
+
+QLORA_CPU_BLOCK = 32
+"""bitsandbytes 0.50's CPU 4-bit kernel (functional._convert_weight_packed_for_cpu, taken for
+no-grad forwards such as evaluation on CPUs with AVX512-BF16) packs each quantized layer's
+output features in blocks of 32 and asserts on any other size."""
+
+
+def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
+    preset = GPU_PRESETS.get(cfg.cluster.gpu)
+    if cfg.peft.name != "qlora" or preset is None or not preset.is_cpu:
+        return []
+    model = cfg.model
+    kv_width = model.hidden_size // max(model.num_heads, 1) * model.num_kv_heads
+    sizes = {"model.hidden_size": model.hidden_size,
+             "model.intermediate_size": model.intermediate_size,
+             "model.num_kv_heads x head size": kv_width}
+    return [
+        f"{key}={value} with peft=qlora on cluster.gpu=cpu: bitsandbytes' CPU 4-bit kernel "
+        f"packs output features in blocks of {QLORA_CPU_BLOCK}. Fix: a model whose layer "
+        f"sizes are multiples of {QLORA_CPU_BLOCK}, peft=lora, or a GPU preset."
+        for key, value in sizes.items()
+        if value % QLORA_CPU_BLOCK
+    ]
+
+
+def _multi_node(cfg: RunConfig) -> list[str]:
+    cluster = cfg.cluster
+    if cluster.scheduler != "none" or cluster.nodes == 1 or cluster.launcher != "deepspeed":
+        return []
+    if cluster.hostfile:
+        return []
+    return [
+        f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
+        f"cluster={cluster.name}: deepspeed needs a hostfile naming the nodes. "
+        "Fix: cluster.hostfile=PATH (lines like `worker-1 slots=8`), or cluster=slurm."
+    ]
+
+
+def _eval(cfg: RunConfig) -> list[str]:
+    data, train, problems = cfg.dataset, cfg.train, []
+    if not 0 <= data.eval_fraction < 1:
+        problems.append(
+            f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
+            "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."
+        )
+    no_eval_set = not data.eval_path and data.eval_fraction == 0
+    asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
+    asked += ["train.eval_on_start=true"] if train.eval_on_start else []
+    if no_eval_set and asked:
+        problems.append(
+            f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
+            "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
+            "or train.eval_steps=0 train.eval_on_start=false to train without evaluation."
+        )
+    return problems
+
+
+def _columns(cfg: RunConfig) -> list[str]:
+    data = cfg.dataset
+    if data.format not in FIELDS:
+        return []  # _choices reports the format
+    renames = asdict(data.columns)
+    return [
+        f"dataset.columns.{name}={renames[name]}: dataset.format={data.format} has no "
+        f"field {name!r}. Fix: rename one of its fields ({', '.join(FIELDS[data.format])})."
+        for name in unknown_renames(data.format, renames)
+    ]
+
+
+def _callbacks(cfg: RunConfig) -> list[str]:
+    problems = []
+    for index, spec in enumerate(cfg.train.callbacks):
+        target = spec.get("_target_") if isinstance(spec, dict) else None
+        key = f"train.callbacks[{index}]"
+        if not isinstance(target, str) or "." not in target:
+            problems.append(
+                f"{key}={spec}: needs _target_: module.Class. "
+                "Fix: e.g. {_target_: mypkg.callbacks.MyCallback, some_arg: 1}."
+            )
+        elif not _module_exists(target.rsplit(".", 1)[0]):
+            problems.append(
+                f"{key}._target_={target}: module {target.rsplit('.', 1)[0]} is not importable "
+                "here (the ranks start in this directory). Fix: check the dotted path."
+            )
+    return problems
+
+
+def _module_exists(module: str) -> bool:
+    """Importable from the installed packages, or as a file under the working directory
+    (the ranks run `python -m launcher.rank.worker` from it, which puts it on sys.path)."""
+    relative = Path(*module.split("."))
+    if (Path.cwd() / relative.with_suffix(".py")).is_file():
+        return True
+    if (Path.cwd() / relative / "__init__.py").is_file():
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+WRITTEN_NAMES = {  # key: its root, where it goes, a plain name (the roots are the user's)
+    "run.name": ("run.output_dir", "the run dir is run.output_dir/run.name/<time>", "my-run"),
+    "dataset.name": ("the data cache", "dataset.cache_dir/dataset.name-<key>", "my-data"),
+}
+
+
+def _plain_names(cfg: RunConfig) -> list[str]:
+    """A config value that becomes a folder of a written path stays one plain folder name: a
+    slash, `..` or an absolute path would write outside its root."""
+    problems = []
+    for key, (root, layout, example) in WRITTEN_NAMES.items():
+        value = str(_get(cfg, key))
+        parts = value.split("/")
+        if value.startswith("/") or ".." in parts:
+            reason = "leaves"
+        elif len(parts) > 1 or value in ("", "."):
+            reason = "is not one folder in"
+        else:
+            continue
+        plain = "-".join(part for part in parts if part not in ("", ".", "..")) or example
+        problems.append(f"{key}={value!r} {reason} {root} ({layout}). "
+                        f"Fix: a plain name such as {key}={plain}.")
+    return problems

@@ -1,0 +1,339 @@
+"""Typed configuration: one dataclass per Hydra group, registered in Hydra's ConfigStore.
+
+Hydra merges every YAML in configs/ and every command-line override into these
+dataclasses, so an unknown key or a value of the wrong type fails at compose time.
+Cross-field rules live in validate.py; this module only says what exists. Every field has
+its attribute docstring (meaning, unit, values, what the default means): `ftl keys` prints
+them (launcher/config/keys.py) and tests/unit/test_keys.py fails on a field without one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    """Preset name, e.g. tiny-llama or llama-7b: a label (run.name's default, the estimate);
+    `model=NAME` picks the preset's file, configs/model/NAME.yaml."""
+    path: str = ""
+    """Local directory or hub id with the weights; empty: build from the numbers below."""
+    tokenizer: str = ""
+    """Tokenizer directory or hub id; empty: same as `path`."""
+    architecture: str = "llama"
+    """HF model_type used when building from config (llama, mistral, qwen2)."""
+    decoder_layer: str = "LlamaDecoderLayer"
+    """Class name FSDP wraps and the estimator treats as one layer."""
+    hidden_size: int = MISSING
+    """Width of the residual stream. The architecture numbers build the model when `path`
+    is empty and always drive the estimate (with `path`, the weights' config.json builds it)."""
+    num_layers: int = MISSING
+    """Decoder layers (HF num_hidden_layers)."""
+    num_heads: int = MISSING
+    """Attention heads; must divide hidden_size."""
+    num_kv_heads: int = MISSING
+    """Key/value heads (grouped-query attention); must divide num_heads; = num_heads: plain
+    multi-head attention."""
+    intermediate_size: int = MISSING
+    """Width of the MLP's hidden layer."""
+    vocab_size: int = MISSING
+    """Embedding rows; a model built from config gets at least the tokenizer's length."""
+    max_position_embeddings: int = MISSING
+    """Longest sequence in tokens; dataset.max_length may not exceed it."""
+    tie_word_embeddings: bool = False
+    """Share the input embedding with the output head (one matrix instead of two)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency of a model built from config."""
+
+
+@dataclass
+class ColumnsConfig:
+    """The column that holds each field of a row; empty: the field's own name (for chat,
+    `messages`, else `conversations`). Only the fields of `dataset.format` may be set."""
+
+    messages: str = ""
+    """Column of the conversation (formats chat and sharegpt); empty: messages for chat
+    (conversations when the data has only that), conversations for sharegpt."""
+    instruction: str = ""
+    """Column of the instruction (format alpaca; required); empty: instruction."""
+    input: str = ""
+    """Column of the optional input, after a blank line below the instruction (alpaca);
+    empty: input."""
+    output: str = ""
+    """Column of the response trained on (alpaca; required); empty: output."""
+    system: str = ""
+    """Column of an optional system message (alpaca); empty: system."""
+    prompt: str = ""
+    """Column of the prompt (format prompt_completion; required); empty: prompt."""
+    completion: str = ""
+    """Column of the completion trained on (prompt_completion; required); empty: completion."""
+    text: str = ""
+    """Column of the raw text (format text; required); empty: text."""
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    """Preset name, e.g. arith or alpaca; prefixes the tokenized cache's folder name."""
+    path: str = MISSING
+    """Local file (json, jsonl, csv, parquet) or hub dataset id."""
+    format: str = "alpaca"
+    """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
+    prompt_completion or text: launcher/data/formats.py."""
+    columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
+    """Column renames, e.g. dataset.columns.messages=conversation."""
+    template: str = "auto"
+    """auto: the tokenizer's own chat template (the built-in one if it has none); builtin:
+    always the built-in one (launcher/data/encode.py's BUILTIN_CHAT_TEMPLATE)."""
+    eval_path: str = ""
+    """Separate eval file; empty: hold out `eval_fraction` of `path`."""
+    eval_fraction: float = 0.05
+    """Share of `path`'s rows held out for evaluation (shuffled with train.seed) when
+    `eval_path` is empty, in [0, 1); 0: no eval set."""
+    max_length: int = 512
+    """Tokens per example (longer ones are truncated); with `packing`, tokens per packed row.
+    At most model.max_position_embeddings."""
+    packing: bool = False
+    """Pack whole examples into rows of `max_length` tokens, each attending only to itself;
+    false: one example per row."""
+    mask_prompt: bool = True
+    """Train on the response tokens only."""
+    num_tokens: int | None = None
+    """Tokens per epoch for the estimator; empty: counted from the data when needed."""
+    cache_dir: str = ""
+    """Where tokenized data is cached (shared by all nodes); empty: $FTL_CACHE_DIR/data
+    (~/.cache/ftlaunch/data), shared by every output dir (the key is the content)."""
+    num_proc: int = 0
+    """Tokenizing processes; 0: one per CPU core (up to 8) for large files, else 1."""
+    wait_timeout_s: float = 14400.0
+    """How long ranks other than 0 wait for rank 0 to tokenize (not the collective's 30 min)."""
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    """fp32, fp16 (AMP O2 style: half weights, fp32 master, dynamic loss scale) or bf16."""
+    initial_scale_power: int = 16
+    """fp16 under DeepSpeed: the dynamic loss scale starts at 2**this."""
+    loss_scale_window: int = 1000
+    """fp16 under DeepSpeed: steps without overflow before the loss scale doubles."""
+    hysteresis: int = 2
+    """fp16 under DeepSpeed: overflows tolerated before the loss scale is lowered."""
+    min_loss_scale: int = 1
+    """fp16 under DeepSpeed: the loss scale never drops below this."""
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+    """Strategy preset, one of configs/strategy/*.yaml (set by `strategy=NAME`); auto: the
+    fastest that fits, chosen at plan time."""
+    backend: str = MISSING
+    """ddp, deepspeed, fsdp or auto. Next to strategy=auto, fsdp makes auto choose among
+    ddp and the FSDP strategies instead of the DeepSpeed ones."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights;
+    0: none (ddp and fsdp)."""
+    offload_optimizer: bool = False
+    """Keep optimizer states (and fp32 gradients) in CPU memory. FSDP: must equal
+    offload_param."""
+    offload_param: bool = False
+    """Keep weights in CPU memory between uses (ZeRO-3 or FSDP)."""
+    overlap_comm: bool = True
+    """DeepSpeed: overlap gradient reduction with the backward pass (two reduce buckets
+    live at once)."""
+    contiguous_gradients: bool = True
+    """DeepSpeed: copy gradients into one contiguous buffer as they are produced (less
+    fragmentation)."""
+    bucket_size: int | None = None
+    """ZeRO reduce/allgather bucket in elements; empty: derived from the model's hidden size."""
+    gather_weights_on_save: bool = True
+    """ZeRO-3 / FSDP: write one consolidated model at save time."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP: free gathered weights after each layer's forward and gather again for the
+    backward (less memory); false: keep them until the backward (less communication)."""
+    auto_rank: int = -1
+    """Place in strategy=auto's ladder, fastest first; -1: never picked by auto."""
+
+
+@dataclass
+class SlurmConfig:
+    """Slurm's own settings (`cluster.slurm.*`), read only by launcher/schedulers/slurm/."""
+
+    partition: str = ""
+    """sbatch --partition; empty: the cluster's default partition."""
+    account: str = ""
+    """sbatch --account; empty: your default account."""
+    qos: str = ""
+    """sbatch --qos; empty: the default quality of service."""
+    time: str = "04:00:00"
+    """Time limit: MINUTES, HH:MM:SS or D-HH:MM:SS."""
+    cpus_per_task: int = 0
+    """sbatch --cpus-per-task (one task per node runs all its ranks); 0: Slurm's default."""
+    mem: str = ""
+    """sbatch --mem, memory per node, e.g. 500G (K/M/G/T suffix; 0: all of it); empty:
+    Slurm's default."""
+    signal_grace_s: int = 120
+    """USR1 this many seconds before the time limit: the ranks checkpoint and requeue."""
+    max_restarts: int = 3
+    """Requeues after a stop request or the time limit, same job id and run dir; 0: never."""
+    sbatch_extra: list[str] = field(default_factory=list)
+    """Extra sbatch options, each as typed after `sbatch`, e.g. '--constraint=a100'."""
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    """Preset name (configs/cluster/<name>.yaml), e.g. local or slurm."""
+    scheduler: str = "none"
+    """none: `ftl train` starts the ranks here; slurm: `ftl submit` sends a batch job."""
+    nodes: int = 1
+    """Machines; world size = nodes x gpus_per_node."""
+    gpus_per_node: int = 1
+    """GPUs per node; on gpu=cpu, processes per node."""
+    gpu: str = "cpu"
+    """GPU preset (launcher/config/hardware.py: memory, peak FLOP/s, fp16/bf16 support) the plan
+    and estimate use; cpu: processes on CPUs, no GPU."""
+    launcher: str = "torchrun"
+    """The program that starts the ranks on each node: torchrun or deepspeed."""
+    master_port: int = 29500
+    """TCP port of the rendezvous on the head node for multi-node runs and the deepspeed
+    launcher; one-node torchrun picks a free port itself."""
+    hostfile: str = ""
+    """deepspeed multi-node without a scheduler: hostfile listing the nodes."""
+    host_memory_gib: float = 0.0
+    """CPU RAM per node in GiB, which offloaded states must fit; 0: unknown (the estimate does
+    not check it; `ftl train` checks this machine's RAM)."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines a batch job runs before the launcher, e.g. `module load cuda`."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Slurm's own settings, used when scheduler=slurm."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = -1
+    """Optimizer steps; -1: run `epochs` epochs."""
+    epochs: float = 1.0
+    """Passes over the training set (fractions allowed) when max_steps is -1."""
+    lr: float = 2e-5
+    """Peak learning rate, reached after warmup and then decayed by `lr_scheduler`."""
+    micro_batch_size: int = 1
+    """Examples (packed rows with dataset.packing) per rank per forward pass."""
+    grad_accum: int = 1
+    """Micro batches accumulated per optimizer step."""
+    global_batch_size: int | None = None
+    """If set, must equal micro_batch_size x grad_accum x world size."""
+    save_steps: int = 500
+    """Optimizer steps between checkpoints."""
+    save_total_limit: int = 0
+    """Checkpoints kept, oldest deleted first; 0: all. At least 2: the Trainer deletes the
+    oldest before the newest is marked COMPLETE, so 1 could leave no complete checkpoint."""
+    eval_steps: int = 0
+    """Optimizer steps between evaluations; 0: evaluate at the end only."""
+    logging_steps: int = 10
+    """Optimizer steps between log events (console line, metrics.jsonl, TensorBoard)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward instead of keeping them: less memory, about
+    a third more compute."""
+    seed: int = 42
+    """Seed of the initial weights, data order and the eval split."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay; 0: none."""
+    warmup_ratio: float = 0.03
+    """Share of the total steps the learning rate rises linearly from 0, in [0, 1) (the
+    constant scheduler has no warmup)."""
+    lr_scheduler: str = "cosine"
+    """Learning-rate shape after warmup (the Trainer's lr_scheduler_type)."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global L2 norm."""
+    adam_beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean."""
+    adam_beta2: float = 0.999
+    """AdamW's decay rate of the squared gradient's running mean."""
+    adam_epsilon: float = 1e-8
+    """AdamW's epsilon, added to the denominator."""
+    optimizer: str = "auto"
+    """AdamW implementation. auto: DeepSpeed's own under DeepSpeed on GPU presets (FusedAdam;
+    DeepSpeedCPUAdam with offload_optimizer), both JIT-compiled on first use (FusedAdam with
+    nvcc: it needs the CUDA toolkit); the Trainer's torch AdamW elsewhere (fused on GPUs).
+    torch: the Trainer's torch AdamW everywhere (torch's fused CUDA kernel on GPUs, as fast
+    as FusedAdam): nothing to compile, so a machine with only the driver can run DeepSpeed."""
+    mfu: float = 0.4
+    """Model FLOPs utilisation assumed by the time estimate."""
+    eval_on_start: bool = False
+    """Evaluate before the first step (never on a launch that resumes)."""
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
+    (e.g. the probes the integration tests inject)."""
+
+
+@dataclass
+class PeftConfig:
+    name: str = "none"
+    """none, lora or qlora."""
+    r: int = 16
+    """LoRA rank: inner width of each adapter."""
+    alpha: int = 32
+    """LoRA scaling numerator: adapter output x alpha / r."""
+    dropout: float = 0.05
+    """Dropout probability on the adapters' input; 0: none."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Decoder linears that get adapters (q/k/v/o_proj, gate/up/down_proj), or
+    ["all-linear"]."""
+    bits: int = 16
+    """Base weights: 16 (lora) or 4 (qlora, NF4); 8-bit bases are refused."""
+
+
+@dataclass
+class RunSection:
+    name: str = "${model.name}-${strategy.name}"
+    """Run folder under output_dir; default: <model>-<strategy>."""
+    output_dir: str = "outputs"
+    """Root of the run folders (relative: from the working directory); each launch writes
+    output_dir/<name>/<YYYYmmdd-HHMMSS>/."""
+    resume: str = "auto"
+    """auto (last complete checkpoint of this run), never, or a checkpoint PATH."""
+    force: bool = False
+    """Launch even when the plan says the run will not fit; too little disk space in
+    run.output_dir is then a printed warning, not a refusal."""
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model: `model=NAME` picks configs/model/NAME.yaml."""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    """The training data: `dataset=NAME` picks configs/dataset/NAME.yaml."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Number formats of weights and compute: `precision=NAME`."""
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    """How the ranks share the work (engine, sharding, offload): `strategy=NAME`."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Where the ranks run: `cluster=NAME` picks configs/cluster/NAME.yaml."""
+    peft: PeftConfig = field(default_factory=PeftConfig)
+    """Parameter-efficient fine-tuning: `peft=NAME` (none: every weight is trained)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The Trainer's schedule, optimizer and batch settings."""
+    run: RunSection = field(default_factory=RunSection)
+    """The run folder: its name, where it goes, resume, force."""
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nodes * self.cluster.gpus_per_node
+
+
+GROUPS: tuple[str, ...] = ("model", "dataset", "precision", "strategy", "cluster", "peft")
+
+
+def register_configs() -> None:
+    """Make `base_config` (the typed root) available to configs/config.yaml's defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=RunConfig)

@@ -1,0 +1,70 @@
+"""The strategy table: configs/strategy/*.yaml, the one list of strategies.
+
+The estimator, `strategy=auto`, the ds_config generator and validation all read it, so a
+new strategy is a new YAML file (plus code only when it needs a new backend). Each file is
+merged into the typed StrategyConfig, exactly as Hydra does when it composes `strategy=`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import fields
+from functools import cache
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from launcher.config.schema import StrategyConfig
+from launcher.engines import in_auto_ladder, is_auto
+
+# Fields strategy=auto sets from the chosen strategy's YAML; every other strategy.* value the
+# user gave next to strategy=auto (overlap_comm, bucket_size, ...) is kept.
+CHOSEN_FIELDS = (
+    "name", "backend", "zero_stage", "offload_optimizer", "offload_param", "auto_rank",
+)
+
+
+def strategy_table(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+    """name -> settings of every strategy in configs/strategy/ (auto included)."""
+    from launcher.config.compose import config_dir as default_config_dir
+
+    return dict(_load(config_dir or default_config_dir()))
+
+
+@cache
+def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
+    table = []
+    for path in sorted((config_dir / "strategy").glob("*.yaml")):
+        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(path))
+        settings = OmegaConf.to_object(merged)
+        assert isinstance(settings, StrategyConfig)
+        table.append((settings.name, settings))
+    return tuple(table)
+
+
+def concrete_strategies(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+    """Every strategy a run can use (not `auto`, which resolves to one of them)."""
+    return {n: s for n, s in strategy_table(config_dir).items() if not is_auto(s)}
+
+
+def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[str, ...]:
+    """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
+    those of one sharding engine (deepspeed by default; fsdp when asked with
+    strategy.backend=fsdp)."""
+    ranked = [
+        s for s in concrete_strategies(config_dir).values()
+        if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
+    ]
+    return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
+
+
+def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:
+    """A copy of the table's `entry` with every non-CHOSEN_FIELDS value the user set next
+    to strategy=auto (`user`: cfg.strategy) that differs from the schema's default."""
+    chosen = copy.deepcopy(entry)  # the table is cached: never mutate it
+    defaults = StrategyConfig(name="auto", backend="auto")
+    for f in fields(StrategyConfig):
+        value = getattr(user, f.name)
+        if f.name not in CHOSEN_FIELDS and value != getattr(defaults, f.name):
+            setattr(chosen, f.name, value)
+    return chosen

@@ -1,0 +1,146 @@
+"""The one validation stage: every rule for what the verb is about to do, run once.
+
+compose -> RunConfig -> validate(cfg, target) -> Checked -> planner. The stage runs the
+configuration rules (launcher/config/rules.py), estimates the cost once and resolves
+strategy=auto, runs the strategy rules on the strategy the run will really use, then the
+checks of the target: this machine for `ftl train` (launcher/config/preflight.py), the scheduler's
+own rules and warnings for `ftl submit`, the checkpoint a launch would resume from, and
+whether the plan fits. All problems go into one ConfigError; nothing is written before it
+passes. Risks the user may take come back in `Checked.warnings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from launcher.config import preflight
+from launcher.config.rules import config_problems, strategy_problems
+from launcher.config.schema import RunConfig
+from launcher.errors import ConfigError
+from launcher.estimator.auto import is_auto
+
+if TYPE_CHECKING:
+    from launcher.estimator.estimate import Estimate
+
+Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
+"""estimate: config rules only; plan: + strategy=auto; train: + this machine; submit: +
+the scheduler. train and submit also check the resume checkpoint and that the plan fits.
+preprocess: config rules and the data. train, submit and preprocess scan the data files
+row by row and name the directory of their tokenized data (launcher/data/preprocess.py)."""
+
+
+@dataclass
+class Checked:
+    """A RunConfig that passed validation for its target, with what validation computed."""
+
+    cfg: RunConfig
+    """strategy=auto resolved (except for target=estimate)."""
+    target: Target
+    estimate: Estimate | None = None
+    strategy_reasons: list[str] = field(default_factory=list)
+    resume_from: Path | None = None
+    data_dir: Path | None = None
+    """Where the tokenized data is (or will be) cached; train, submit and preprocess."""
+    warnings: list[str] = field(default_factory=list)
+    """Each naming key, value and fix, like a problem; the verb prints them."""
+
+
+def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
+    """Raise one ConfigError listing every problem; else what the planner needs. dry_run
+    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings."""
+    problems = config_problems(cfg)
+    checked = Checked(cfg=cfg, target=target)
+    if target == "preprocess":
+        problems += [] if problems else preflight.missing_sources(cfg)
+        problems += [] if problems else preflight.unreadable_data(cfg)
+    else:
+        if not problems:
+            problems += _resolve_strategy(checked)
+        if not is_auto(checked.cfg):
+            problems += strategy_problems(checked.cfg)
+    if target in ("train", "submit"):
+        problems += _launch_problems(checked, dry_run)
+    if problems:
+        raise ConfigError(problems)
+    if target in ("train", "submit", "preprocess"):
+        from launcher.data.preprocess import data_dir
+
+        checked.data_dir = data_dir(checked.cfg)
+    return checked
+
+
+def _resolve_strategy(checked: Checked) -> list[str]:
+    """One estimate; for strategy=auto the fastest strategy that fits."""
+    from launcher.estimator.auto import choose, nothing_fits, resolve
+    from launcher.estimator.estimate import estimate
+
+    cfg = checked.cfg
+    checked.estimate = estimate(cfg)
+    if not is_auto(cfg) or checked.target == "estimate":
+        return []
+    name, reasons = choose(cfg, checked.estimate)
+    if name is None:
+        return nothing_fits(cfg, reasons)
+    checked.cfg, checked.strategy_reasons = resolve(cfg, name), reasons
+    return []
+
+
+def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
+    cfg = checked.cfg
+    if checked.target == "train":
+        problems = preflight.local_launch_problems(cfg)
+        problems += preflight.host_memory_problems(cfg, checked.estimate)
+    else:
+        # The job reads the same files: a bad row is better found on the login node.
+        problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
+    # this machine's, not the job's: warnings for a dry run; too little space is a risk
+    # the user may take (run.force)
+    here = preflight.output_problems(cfg)
+    space = preflight.space_problems(cfg, checked.estimate)
+    (checked.warnings if dry_run or cfg.run.force else here).extend(space)
+    (checked.warnings if dry_run else problems).extend(here)
+    checked.resume_from = preflight.resume_source(cfg)
+    problems += preflight.resume_problems(cfg, checked.resume_from)
+    if checked.target == "submit" and not problems:  # not for an unregistered scheduler
+        checked.warnings += _scheduler_warnings(checked)
+    return problems + _fit_problems(checked)
+
+
+def _scheduler_problems(cfg: RunConfig) -> list[str]:
+    from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
+
+    if cfg.cluster.scheduler not in SCHEDULERS:
+        return [
+            f"cluster={cfg.cluster.name} (cluster.scheduler={cfg.cluster.scheduler}): "
+            f"`ftl submit` sends a batch job to a scheduler ({', '.join(SCHEDULERS)}). "
+            f"Fix: cluster={DEFAULT_SCHEDULER}, or `ftl train` to run on this machine."
+        ]
+    return get_scheduler(cfg.cluster.scheduler).problems(cfg)
+
+
+def _scheduler_warnings(checked: Checked) -> list[str]:
+    """Given a checkpoint's save time: measured by the run this one resumes, else estimated."""
+    from launcher.estimator.disk import measured_save_time, save_time_estimate
+    from launcher.schedulers.base import get_scheduler
+
+    cfg, est, resume = checked.cfg, checked.estimate, checked.resume_from
+    if est is None:
+        return []
+    measured = measured_save_time(resume.parent.parent) if resume is not None else None
+    save = measured or save_time_estimate(cfg, est.params, est.trainable_params)
+    return get_scheduler(cfg.cluster.scheduler).warnings(cfg, save)
+
+
+def _fit_problems(checked: Checked) -> list[str]:
+    cfg, est = checked.cfg, checked.estimate
+    row = est.row(cfg.strategy.name) if est is not None else None
+    if row is None or row.fits or cfg.run.force:
+        return []
+    gib = row.gpu_bytes / 1024**3
+    return [
+        f"strategy={cfg.strategy.name}: the plan needs {gib:.1f} GiB per device, more than "
+        f"cluster.gpu={cfg.cluster.gpu} has. Fix: see `ftl estimate` for a strategy that "
+        "fits (or strategy=auto), peft=lora, more GPUs, or run.force=true to try anyway."
+    ]

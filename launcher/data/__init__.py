@@ -1,0 +1,1 @@
+"""Data: row formats, the streaming scan, encoding and packing, the tokenized cache."""

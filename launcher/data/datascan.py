@@ -1,0 +1,370 @@
+"""Check a local training data file row by row before anything launches.
+
+A bad line in a million-row file should fail `ftl train` in seconds, naming the file and the
+line, not minutes later inside a rank after `datasets` has tokenized half of it. So the scan
+streams: JSON Lines and CSV are read a line at a time, parquet a record batch at a time, and
+no row is kept once it has been checked (a .json file holding one JSON array is the exception:
+an array has to be parsed whole).
+
+Each row is checked with `formats.row_problem`, the same rule the encoder applies. Problems
+name the file and where in it: `FILE:LINE` for JSON Lines and CSV (lines count from 1, blank
+ones included), `FILE: element N` for a JSON array and `FILE: row N` for parquet (both count
+from 1 too). The scan stops after `limit` problems: ten bad rows show the pattern, a million
+would bury it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from launcher.data import formats
+
+WHITESPACE = b" \t\r\n"
+_decode_json = json.JSONDecoder().decode
+"""json.loads without its per-call checks: it runs once per line of a million-line file."""
+PARQUET_BATCH_ROWS = 1024
+"""Rows per parquet record batch: bounded memory, few Python round trips."""
+CSV_FIELD_LIMIT = 2**31 - 1
+"""csv's cap on one cell, raised from 128 KiB while scanning (see _read_csv)."""
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+              float: "a number", bool: "a boolean", type(None): "null"}
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a scan saw: data rows checked, and the problems (at most `limit`, plus a line
+    saying that more were left out)."""
+
+    rows: int
+    problems: list[str]
+
+
+class _Row(NamedTuple):
+    """One parsed row: `unit` is line, element or row, `number` counts from 1. A tuple, and
+    its location worded only when it has a problem: the scan makes one per row."""
+
+    path: Path
+    unit: str
+    number: int
+    value: Any
+
+    @property
+    def where(self) -> str:
+        """The problem's prefix: `FILE:17`, `FILE: element 3`, `FILE: row 5`."""
+        if self.unit == "line":
+            return f"{self.path}:{self.number}"
+        return f"{self.path}: {self.unit} {self.number}"
+
+    @property
+    def name(self) -> str:
+        """The row in the fix: `line 17`, `element 3 of the array`, `row 5`."""
+        suffix = " of the array" if self.unit == "element" else ""
+        return f"{self.unit} {self.number}{suffix}"
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A problem found while reading (not JSON, not UTF-8, no header), already worded."""
+
+    text: str
+    fatal: bool = False
+    """Nothing after it can be read sensibly: the scan ends here."""
+
+
+_Item = _Row | _Problem
+
+
+@dataclass
+class _Checker:
+    """Checks rows against the format; the column map is fixed by the first row's keys (JSON)
+    or the header (CSV, parquet), so a chat file with `conversations` works."""
+
+    path: Path
+    fmt: str
+    renames: Mapping[str, str]
+    columns: dict[str, str] | None = None
+
+    def set_available(self, available: Sequence[str]) -> None:
+        self.columns = formats.column_map(self.fmt, self.renames, list(available))
+
+    def missing_header(self, available: Sequence[str]) -> _Problem | None:
+        """Required columns absent from a CSV or parquet header: one problem for the file."""
+        self.set_available(available)
+        assert self.columns is not None
+        missing = formats.missing_columns(self.fmt, self.columns, list(available))
+        if not missing:
+            return None
+        field_of = {column: name for name, column in self.columns.items()}
+        renames = " ".join(f"dataset.columns.{field_of[col]}=NAME" for col in missing)
+        return _Problem(
+            f"{self.path}: no column {', '.join(map(repr, missing))} for dataset.format="
+            f"{self.fmt} (the columns are {', '.join(map(repr, available)) or 'none'}). Fix: "
+            f"add the column, or name the column that holds it with {renames}.", fatal=True)
+
+    def problem(self, row: _Row) -> str | None:
+        value = row.value
+        if not isinstance(value, dict):
+            kind = JSON_TYPES.get(type(value), type(value).__name__)
+            return (f"{row.where}: is {kind}, not an object. Fix: make {row.name} one "
+                    "{...} object with the fields of the format, or remove it.")
+        if self.columns is None:
+            self.set_available(list(value))
+        assert self.columns is not None
+        problem = formats.row_problem(value, self.fmt, self.columns)
+        if problem is None:
+            return None
+        return f"{row.where}: {problem}. Fix: correct or remove {row.name}{self._hint(value)}."
+
+    def _hint(self, value: Mapping[str, Any]) -> str:
+        # A required column absent from the row is more often a naming mismatch than bad data.
+        assert self.columns is not None
+        missing = set(formats.missing_columns(self.fmt, self.columns, list(value)))
+        renames = [f"dataset.columns.{name}=NAME" for name, col in self.columns.items()
+                   if col in missing]
+        return f", or if the data names it differently set {' '.join(renames)}" \
+            if renames else ""
+
+
+@dataclass
+class _Tally:
+    """Problems up to the limit, then one line saying the rest were not listed."""
+
+    path: Path
+    limit: int
+    rows: int = 0
+    problems: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def add(self, problem: str) -> None:
+        if len(self.problems) >= self.limit:
+            self.problems.append(f"{self.path}: more problems not listed "
+                                 f"(stopped after {self.limit})")
+            self.done = True
+        else:
+            self.problems.append(problem)
+
+
+def scan_file(path: Path, fmt: str, renames: Mapping[str, str], limit: int = 10) -> Scan:
+    """Check every row of a local .jsonl/.json/.csv/.parquet file for `fmt` (a key of
+    formats.FIELDS), with `renames` as in dataset.columns ("" = not renamed). Other
+    extensions and formats give no problems: other rules report those."""
+    read = _READERS.get(path.suffix.lower())
+    if read is None or fmt not in formats.FORMATS:
+        return Scan(rows=0, problems=[])
+    checker, tally = _Checker(path, fmt, renames), _Tally(path, limit)
+    try:
+        _check(read(path, checker), checker, tally)
+    except OSError as error:
+        tally.add(f"{path}: cannot be read ({error.strerror or error}). Fix: check the path "
+                  "and its permissions.")
+    if tally.rows == 0 and not tally.problems:
+        tally.add(f"{path}: has no data rows. Fix: point the setting at the data file, or "
+                  "add rows to it.")
+    return Scan(rows=tally.rows, problems=tally.problems)
+
+
+def _check(items: Iterable[_Item], checker: _Checker, tally: _Tally) -> None:
+    for item in items:
+        if isinstance(item, _Problem):
+            tally.add(item.text)
+            if item.fatal:
+                return
+        else:
+            tally.rows += 1
+            problem = checker.problem(item)
+            if problem is not None:
+                tally.add(problem)
+        if tally.done:
+            return
+
+
+# ---------------------------------------------------------------------------- JSON
+
+
+def _read_json(path: Path, checker: _Checker) -> Iterator[_Item]:
+    """A .json file: one JSON array if it starts with `[`, else JSON Lines."""
+    if _first_char(path) == b"[":
+        return _read_json_array(path)
+    return _read_json_lines(path, checker)
+
+
+def _read_json_lines(path: Path, checker: _Checker) -> Iterator[_Item]:
+    if _first_char(path) == b"":
+        yield _empty(path)
+        return
+    offset = 0
+    # Binary lines, decoded one by one: a stray latin-1 byte is named by line and offset.
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.isspace():
+                yield _json_line(path, number, raw, start)
+
+
+def _json_line(path: Path, number: int, raw: bytes, start: int) -> _Item:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return _not_utf8(path, number, raw[error.start], start + error.start)
+    try:
+        value = _decode_json(text)
+    except json.JSONDecodeError as error:
+        return _not_json(path, number, error.msg, f"line {number}")
+    return _Row(path, "line", number, value)
+
+
+def _read_json_array(path: Path) -> Iterator[_Item]:
+    # One JSON array has no row boundaries to stream on: json needs the whole text. Files that
+    # big should be JSON Lines, which is what the fix of a bad element says anyway.
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        yield _not_utf8(path, line, data[error.start], error.start)
+        return
+    del data
+    try:
+        elements = json.loads(text)
+    except json.JSONDecodeError as error:
+        yield _not_json(path, error.lineno, error.msg, f"the JSON at line {error.lineno} "
+                        f"column {error.colno}")
+        return
+    for index, value in enumerate(elements, start=1):
+        yield _Row(path, "element", index, value)
+
+
+def _first_char(path: Path) -> bytes:
+    """The first non-whitespace byte, b"" for an empty file; reads only as far as needed."""
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 16):
+            stripped = block.lstrip(WHITESPACE)
+            if stripped:
+                return stripped[:1]
+    return b""
+
+
+# ---------------------------------------------------------------------------- CSV
+
+
+def _read_csv(path: Path, checker: _Checker) -> Iterator[_Item]:
+    # Long text cells (continued pre-training) pass csv's default 128 KiB field limit, which
+    # pandas, the loader the ranks use, does not have.
+    old_limit = csv.field_size_limit(CSV_FIELD_LIMIT)
+    try:
+        yield from _csv_items(path, checker)
+    except UnicodeDecodeError:
+        # The text layer decodes in blocks, so its error has no line: find it in bytes.
+        yield _first_non_utf8_line(path)
+    finally:
+        csv.field_size_limit(old_limit)
+
+
+def _csv_items(path: Path, checker: _Checker) -> Iterator[_Item]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        # csv.reader, not DictReader: it yields a blank line as [], so every record's first
+        # line is known (DictReader skips blanks silently and a record may span lines).
+        reader = csv.reader(handle)
+        try:
+            yield from _csv_records(path, checker, reader)
+        except csv.Error as error:
+            yield _Problem(f"{path}:{reader.line_num}: not valid CSV ({error}). Fix: correct "
+                           "the line; quote fields that hold commas, quotes or line breaks.",
+                           fatal=True)
+
+
+def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
+    header = next((values for values in reader if values), None)
+    if header is None or not any(name.strip() for name in header):
+        yield _empty(path)
+        return
+    problem = checker.missing_header(header)
+    if problem is not None:
+        yield problem
+        return
+    line = reader.line_num
+    for values in reader:
+        first, line = line + 1, reader.line_num
+        if values:
+            yield _csv_row(path, first, header, values)
+
+
+def _csv_row(path: Path, line: int, header: list[str], values: list[str]) -> _Item:
+    if len(values) > len(header):
+        return _Problem(f"{path}:{line}: has {len(values)} values, the header has "
+                        f"{len(header)} columns. Fix: quote the values that hold commas, or "
+                        f"correct or remove line {line}.")
+    return _Row(path, "line", line, dict(zip(header, values, strict=False)))
+
+
+# ---------------------------------------------------------------------------- parquet
+
+
+def _read_parquet(path: Path, checker: _Checker) -> Iterator[_Item]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.stat().st_size == 0:
+        yield _empty(path)
+        return
+    try:
+        parquet = pq.ParquetFile(path)
+        problem = checker.missing_header(parquet.schema_arrow.names)
+        if problem is not None:
+            yield problem
+            return
+        number = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for value in batch.to_pylist():
+                number += 1
+                yield _Row(path, "row", number, value)
+    except (pa.ArrowException, OSError) as error:
+        yield _Problem(f"{path}: not a readable parquet file ({error}). Fix: rewrite it, "
+                       "e.g. with pandas' to_parquet, or use JSON Lines.", fatal=True)
+
+
+# ---------------------------------------------------------------------------- problems
+
+
+def _empty(path: Path) -> _Problem:
+    return _Problem(f"{path}: the file is empty. Fix: point the setting at the data file, or "
+                    "write the rows into it.", fatal=True)
+
+
+def _not_json(path: Path, line: int, message: str, what: str) -> _Problem:
+    return _Problem(f"{path}:{line}: not valid JSON ({message}). Fix: correct or remove "
+                    f"{what}; a JSON Lines file holds one {{...}} object per line.")
+
+
+def _not_utf8(path: Path, line: int, byte: int, offset: int) -> _Problem:
+    return _Problem(f"{path}:{line}: not UTF-8 (byte 0x{byte:02x} at byte offset {offset} of "
+                    f"the file). Fix: re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 "
+                    f"{path} > fixed{path.suffix}`.", fatal=False)
+
+
+def _first_non_utf8_line(path: Path) -> _Problem:
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                problem = _not_utf8(path, number, raw[error.start], offset + error.start)
+                return _Problem(problem.text, fatal=True)
+            offset += len(raw)
+    # A multi-byte character cut by the end of the file.
+    return _Problem(f"{path}: not UTF-8 at its end. Fix: re-encode the file as UTF-8.",
+                    fatal=True)
+
+
+_READERS: dict[str, Callable[[Path, _Checker], Iterator[_Item]]] = {
+    ".jsonl": _read_json_lines,
+    ".json": _read_json,
+    ".csv": _read_csv,
+    ".parquet": _read_parquet,
+}

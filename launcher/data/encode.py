@@ -1,0 +1,179 @@
+"""Rows -> token ids and labels: the chat template, assistant-only loss, truncation.
+
+Chat rows (chat, sharegpt, alpaca) are rendered with the tokenizer's own chat template, so
+a fine-tuned instruct model keeps speaking its format. The trained part of a conversation is
+each assistant turn including the template's end-of-turn text (so the model learns to stop)
+but not the whitespace that separates it from the next turn,
+found WITHOUT `{% generation %}` markers, which most templates lack: assistant turn i spans
+from the end of `render(messages[:i], add_generation_prompt=True)` to the end of
+`render(messages[:i + 1])`, and every rendered prefix must be a prefix of the whole render.
+A template that breaks that (e.g. one that rewrites earlier turns) is refused with the row.
+
+A tokenizer without a chat template gets BUILTIN_CHAT_TEMPLATE (and a one-line notice);
+the worker stores it on the tokenizer, so the saved model chats in the format it learned.
+
+Raw rows (prompt_completion, text) are bos + pieces + eos, tokenized as plain text.
+
+The whole text of an example is tokenized once (the ids are exactly those of the text) and
+a token is trained when its first character lies in a trained span. Labels are -100 where
+not trained, and always at position 0: no token predicts the first one, and in a packed row
+the previous example's last token must not be trained to predict it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.data.formats import CHAT_FORMATS, RowError, messages_of, segments_of
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+"""Label value the HF loss ignores."""
+
+BUILTIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '### Assistant:\\n' + message['content'] + eos_token }}"
+    "{% elif message['role'] == 'system' %}"
+    "{{ '### System:\\n' + message['content'] + '\\n\\n' }}"
+    "{% else %}"
+    "{{ '### Human:\\n' + message['content'] + '\\n\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Assistant:\\n' }}{% endif %}"
+)
+"""For tokenizers without a template (the bundled tiny one): ### System/Human/Assistant
+headers, each assistant turn ended by eos."""
+
+Span = tuple[int, int]
+"""[start, end) character range of trained text."""
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """Everything that turns a row into ids: picklable, so `datasets.map` can run it in
+    several processes."""
+
+    tokenizer: Any
+    fmt: str
+    columns: Mapping[str, str]
+    template: str
+    max_length: int
+    mask_prompt: bool = True
+
+    def text(self, row: Mapping[str, Any], index: int) -> tuple[str, list[Span]]:
+        """The rendered example and its trained spans; DataError-ready message on a bad row."""
+        try:
+            if self.fmt in CHAT_FORMATS:
+                return chat_text(messages_of(row, self.fmt, self.columns), self.render)
+            return raw_text(segments_of(row, self.fmt, self.columns), self.tokenizer)
+        except RowError as error:
+            raise RowError(f"row {index}: {error}") from None
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, chat_template=self.template, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as error:  # jinja's TemplateError, raise_exception() in templates
+            raise RowError(f"the chat template refused this conversation: {error}") from None
+
+    def encode(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list]:
+        """Batched `datasets.map` function: input_ids, labels and full_length per row
+        (the length before truncation); rows left with no trained token are dropped."""
+        names = list(batch)
+        rows = [dict(zip(names, values, strict=True)) for values in zip(*batch.values(),
+                                                                         strict=True)]
+        rendered = [self.text(row, index) for row, index in zip(rows, indices, strict=True)]
+        enc = self.tokenizer([text for text, _ in rendered], add_special_tokens=False,
+                             return_offsets_mapping=True)
+        out: dict[str, list] = {"input_ids": [], "labels": [], "full_length": []}
+        for (_, spans), ids, offsets in zip(rendered, enc["input_ids"], enc["offset_mapping"],
+                                            strict=True):
+            labels = label_tokens(ids, offsets, spans, self.mask_prompt)[:self.max_length]
+            if all(label == IGNORE_INDEX for label in labels):
+                continue
+            out["input_ids"].append(list(ids[:self.max_length]))
+            out["labels"].append(labels)
+            out["full_length"].append(len(ids))
+        return out
+
+
+def chat_text(
+    messages: list[dict[str, str]], render: Callable[[list[dict[str, str]], bool], str]
+) -> tuple[str, list[Span]]:
+    """The rendered conversation and the character span of every assistant turn."""
+    full = render(messages, False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        through = render(messages[:index + 1], False)
+        before = render(messages[:index], True) if index else _header_of(through, message)
+        if not (through.startswith(before) and full.startswith(through)):
+            raise RowError(
+                f"the chat template does not render turn {index} as a prefix of the whole "
+                "conversation, so its assistant text cannot be located; use "
+                "dataset.template=builtin or a template that renders turns in order"
+            )
+        # The turn's separator after its end token ("<|im_end|>" + "\n") is not learned.
+        spans.append((len(before), len(through.rstrip())))
+    return full, spans
+
+
+def _header_of(rendered: str, first: dict[str, str]) -> str:
+    """What a template writes before an opening assistant turn's content (a conversation
+    cannot be rendered empty, so there is no prefix to render)."""
+    start = rendered.rfind(first["content"].strip())
+    if start < 0:
+        raise RowError("the chat template does not write the opening assistant turn's text")
+    return rendered[:start]
+
+
+def raw_text(pieces: list[tuple[str, bool]], tokenizer: Any) -> tuple[str, list[Span]]:
+    """bos + pieces + eos; the eos belongs to the last trained piece."""
+    text, spans = tokenizer.bos_token or "", []
+    pieces = [*pieces[:-1], (pieces[-1][0] + (tokenizer.eos_token or ""), pieces[-1][1])]
+    for piece, trained in pieces:
+        if trained:
+            spans.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, spans
+
+
+def label_tokens(
+    ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: list[Span], mask_prompt: bool
+) -> list[int]:
+    """ids where trained (first character inside a span; everything without mask_prompt),
+    -100 elsewhere and at position 0."""
+    labels = []
+    for token, (start, _) in zip(ids, offsets, strict=True):
+        trained = not mask_prompt or any(a <= start < b for a, b in spans)
+        labels.append(int(token) if trained else IGNORE_INDEX)
+    if labels:
+        labels[0] = IGNORE_INDEX
+    return labels
+
+
+def chat_template_for(tokenizer: Any, mode: str) -> tuple[str, bool]:
+    """(template, is_builtin): the tokenizer's own unless it has none or mode=builtin."""
+    own = getattr(tokenizer, "chat_template", None)
+    if mode == "builtin" or not own:
+        return BUILTIN_CHAT_TEMPLATE, True
+    if isinstance(own, dict):  # several named templates: the default one
+        own = own.get("default") or next(iter(own.values()))
+    return str(own), False
+
+
+def adopt_chat_template(tokenizer: Any, dataset: Any) -> Any:
+    """Give the tokenizer the template the chat data is rendered with (the built-in one
+    when it has none), so the model saved with it chats in the format it learned."""
+    if dataset.format in CHAT_FORMATS:
+        tokenizer.chat_template = chat_template_for(tokenizer, dataset.template)[0]
+    return tokenizer

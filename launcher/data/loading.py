@@ -1,0 +1,297 @@
+"""Training data: load rows, split off the eval set, encode and pack them, collate batches.
+
+Runs where the data is prepared (launcher/data/preprocess.py: `ftl preprocess`, `ftl train`
+before launch, or rank 0 of a job) and in the ranks' collators. `datasets` and TRL are
+imported inside functions. What a row means per format: launcher/data/formats.py; how rows
+become ids and labels: launcher/data/encode.py.
+
+Without packing, an example longer than `dataset.max_length` is truncated; one left with
+no trained token is dropped (both counted and logged). With `dataset.packing`, the same
+(truncated, never split) examples are packed whole into rows of `max_length` tokens by
+TRL's best-fit-decreasing packer, and `position_ids` restart at 0 for every example. The
+packed collator passes no attention mask, so the model builds its mask from the position
+ids: sdpa and eager get a block-diagonal causal mask (transformers'
+find_packed_sequence_indices), flash-attention its varlen kernel; no token attends to
+another example. The tail padding of a batch is one more "example" with its own
+positions, so it is isolated too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.config.compose import PROJECT_ROOT, local_or_as_is
+from launcher.data.encode import IGNORE_INDEX, Encoder, chat_template_for
+from launcher.data.formats import CHAT_FORMATS, FIELDS, RowError, column_map, missing_columns
+from launcher.errors import DataError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from launcher.config.schema import RunConfig
+
+log = logging.getLogger(__name__)
+
+LOCAL_LOADERS: dict[str, str] = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+"""File extension -> `datasets` builder."""
+
+LARGE_ROWS = 20_000
+"""From this many rows tokenizing uses several processes (below, their start-up costs more)
+and intermediate results go to disk instead of memory."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None) -> Dataset:
+    """Rows of a local .json/.jsonl/.csv/.parquet file, a local dataset directory or a hub
+    dataset id (its train split), checked for the columns `fmt` needs."""
+    local = Path(local_or_as_is(path))
+    if local.is_file():
+        records, source = _load_local(local), str(local)
+    elif local.is_dir() or (local.suffix.lower() not in LOCAL_LOADERS and _HUB_ID.match(path)):
+        records, source = _load_hub(path), path
+    else:
+        raise DataError(
+            f"dataset file {path} not found (looked in {Path.cwd()} and {PROJECT_ROOT}); "
+            "fix dataset.path (a .json/.jsonl/.csv/.parquet file or a hub dataset id)"
+        )
+    check_fields(records.column_names, fmt, renames or {}, source)
+    if len(records) == 0:
+        raise DataError(f"{source}: the dataset has no rows; point dataset.path at real data")
+    return records
+
+
+def _load_local(path: Path) -> Dataset:
+    from datasets import load_dataset
+
+    builder = LOCAL_LOADERS.get(path.suffix.lower())
+    if builder is None:
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r}; convert it to one of "
+            f"{', '.join(LOCAL_LOADERS)} and set dataset.path to it"
+        )
+    # keep_default_na=False: an empty CSV cell (alpaca's optional input) reads as "".
+    kwargs: dict[str, Any] = {"keep_default_na": False} if builder == "csv" else {}
+    try:
+        return load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as exc:  # datasets raises many types for a malformed file
+        raise DataError(f"{path}: cannot be read as {builder}: {exc}") from exc
+
+
+def _load_hub(dataset_id: str) -> Dataset:
+    """A hub dataset (or a local dataset directory) through `datasets.load_dataset`. This
+    needs the hub (or its cache); on a machine without one, download the data and point
+    dataset.path at the file."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(dataset_id, split="train")
+    except Exception as exc:  # network, auth, missing split: all mean the same to the user
+        raise DataError(
+            f"cannot load dataset {dataset_id!r} ({type(exc).__name__}: {exc}); check the id "
+            "and network access, or download it and set dataset.path to a local "
+            ".json/.jsonl/.csv/.parquet file"
+        ) from exc
+
+
+def check_fields(columns: list[str], fmt: str, renames: Mapping[str, str], source: str) -> None:
+    """DataError naming the missing columns, the file and the fix."""
+    missing = missing_columns(fmt, column_map(fmt, renames, columns), columns)
+    if not missing:
+        return
+    fields = ", ".join(FIELDS[fmt])
+    raise DataError(
+        f"{source}: dataset.format={fmt} needs column(s) {', '.join(map(repr, missing))} but "
+        f"the data has {list(columns)}. Fix: map them with dataset.columns.<field>=<column> "
+        f"(fields: {fields}), or set dataset.format to the format the data is in "
+        f"({', '.join(FIELDS)})"
+    )
+
+
+def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
+    """Train and eval records: `dataset.eval_path`, else `dataset.eval_fraction` of
+    `dataset.path` held out with seed `train.seed` (None when the fraction is 0)."""
+    data = cfg.dataset
+    renames = asdict(data.columns)
+    records = load_records(data.path, data.format, renames)
+    if data.eval_path:
+        return records, load_records(data.eval_path, data.format, renames), data.path
+    if data.eval_fraction <= 0:
+        return records, None, data.path
+    if len(records) < 2 or not 0 < data.eval_fraction < 1:
+        raise DataError(
+            f"{data.path}: cannot hold out dataset.eval_fraction={data.eval_fraction} of "
+            f"{len(records)} row(s); use a fraction between 0 and 1 on more data, "
+            "or set dataset.eval_path"
+        )
+    # A seeded permutation rather than train_test_split: select(keep_in_memory=True) writes
+    # no index cache files.
+    order = list(range(len(records)))
+    random.Random(cfg.train.seed).shuffle(order)
+    n_eval = min(len(records) - 1, max(1, round(data.eval_fraction * len(records))))
+    held, kept = sorted(order[:n_eval]), sorted(order[n_eval:])
+    return (records.select(kept, keep_in_memory=True),
+            records.select(held, keep_in_memory=True), data.path)
+
+
+# ---------------------------------------------------------------------------- encoding
+
+
+def encoder_for(cfg: RunConfig, tokenizer: Any, columns: list[str]) -> Encoder:
+    """The Encoder of this config; says so once when the built-in template stands in."""
+    data = cfg.dataset
+    template, builtin = chat_template_for(tokenizer, data.template)
+    if builtin and data.template == "auto" and data.format in CHAT_FORMATS:
+        log.warning("the tokenizer has no chat template; using the built-in "
+                    "'### Human: / ### Assistant:' template")
+    return Encoder(
+        tokenizer=tokenizer, fmt=data.format,
+        columns=column_map(data.format, asdict(data.columns), columns),
+        template=template, max_length=data.max_length, mask_prompt=data.mask_prompt,
+    )
+
+
+def encode_splits(
+    cfg: RunConfig, tokenizer: Any, progress: bool = True
+) -> tuple[Dataset, Dataset | None]:
+    """Encoded (and, with dataset.packing, packed) train and eval sets."""
+    if not progress:
+        import datasets
+
+        datasets.disable_progress_bars()
+    train_rows, eval_rows, source = split_records(cfg)
+    encoder = encoder_for(cfg, tokenizer, train_rows.column_names)
+    train = encode(train_rows, encoder, source, num_proc(cfg, len(train_rows)), progress)
+    evaluation = None
+    if eval_rows is not None:
+        eval_source = cfg.dataset.eval_path or f"{source} (held out)"
+        evaluation = encode(eval_rows, encoder, eval_source, None, progress)
+    if cfg.dataset.packing:
+        train = pack(train, cfg.dataset.max_length)
+        evaluation = pack(evaluation, cfg.dataset.max_length) if evaluation else None
+    _check_batch(cfg, len(train), source)
+    return train, evaluation
+
+
+def encode(
+    records: Dataset, encoder: Encoder, source: str, processes: int | None, progress: bool
+) -> Dataset:
+    """input_ids and labels per row; DataError naming the row on a bad one."""
+    try:
+        encoded = records.map(
+            encoder.encode, batched=True, with_indices=True, num_proc=processes,
+            remove_columns=records.column_names, desc=f"tokenizing {Path(source).name}",
+            load_from_cache_file=False, keep_in_memory=len(records) < LARGE_ROWS,
+        )
+    except RowError as error:
+        raise DataError(f"{source}: {error}") from None
+    _report_lengths(encoded, len(records), encoder.max_length, source)
+    return encoded.remove_columns("full_length")
+
+
+def _report_lengths(encoded: Dataset, rows: int, max_length: int, source: str) -> None:
+    if len(encoded) == 0:
+        raise DataError(
+            f"{source}: every one of the {rows} example(s) is longer than dataset.max_length="
+            f"{max_length} before its first trained token, so nothing is left to train on. "
+            "Fix: raise dataset.max_length (up to the model's context) or shorten the data"
+        )
+    dropped = rows - len(encoded)
+    truncated = sum(1 for n in encoded["full_length"] if n > max_length)
+    if dropped or truncated:
+        log.warning("%s: %d example(s) truncated to dataset.max_length=%d, %d dropped (no "
+                    "trained token left)", source, truncated, max_length, dropped)
+
+
+def pack(encoded: Dataset, max_length: int) -> Dataset:
+    """Whole examples into rows of `max_length` (TRL's best-fit decreasing), with
+    position_ids restarting at 0 for each example."""
+    from trl.data_utils import pack_dataset
+
+    small = len(encoded) < LARGE_ROWS
+    packed = pack_dataset(encoded, max_length, strategy="bfd",
+                          map_kwargs={"batch_size": 10_000, "keep_in_memory": small})
+    return packed.map(_positions, batched=True, remove_columns=["seq_lengths"],
+                      keep_in_memory=small, desc="position ids")
+
+
+def _positions(batch: Mapping[str, list[Any]]) -> dict[str, list[list[int]]]:
+    return {"position_ids": [[p for n in lengths for p in range(n)]
+                             for lengths in batch["seq_lengths"]]}
+
+
+def _check_batch(cfg: RunConfig, rows: int, source: str) -> None:
+    t, c = cfg.train, cfg.cluster
+    world = c.nodes * c.gpus_per_node
+    batch = t.micro_batch_size * t.grad_accum * world
+    if rows < batch:
+        raise DataError(
+            f"{source}: {rows} training row(s) after encoding"
+            f"{' and packing' if cfg.dataset.packing else ''}, fewer than one global batch "
+            f"(train.micro_batch_size={t.micro_batch_size} x train.grad_accum={t.grad_accum} "
+            f"x {world} rank(s) = {batch}). Fix: more data, or a smaller batch"
+        )
+
+
+def num_proc(cfg: RunConfig, rows: int) -> int | None:
+    """Processes for `datasets.map`: dataset.num_proc, else the cores (up to 8) when large."""
+    if cfg.dataset.num_proc > 0:
+        return cfg.dataset.num_proc if cfg.dataset.num_proc > 1 else None
+    cores = min(8, os.cpu_count() or 1)
+    return cores if rows >= LARGE_ROWS and cores > 1 else None
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Collator:
+    """Right-pads a batch to its longest row: pad id in input_ids, -100 in labels. Unpacked
+    rows get an attention_mask (0 on padding); packed rows get position_ids instead (the
+    padding is one more sequence with its own positions) and no mask, so attention follows
+    the example boundaries."""
+
+    pad_token_id: int
+    packed: bool = False
+
+    def __call__(self, rows: list[Mapping[str, list[int]]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(row["input_ids"]) for row in rows)
+        batch: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
+        extra = "position_ids" if self.packed else "attention_mask"
+        batch[extra] = []
+        for row in rows:
+            fill = width - len(row["input_ids"])
+            batch["input_ids"].append(list(row["input_ids"]) + [self.pad_token_id] * fill)
+            batch["labels"].append(list(row["labels"]) + [IGNORE_INDEX] * fill)
+            if self.packed:
+                batch[extra].append(list(row["position_ids"]) + list(range(fill)))
+            else:
+                batch[extra].append([1] * len(row["input_ids"]) + [0] * fill)
+        return {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
+
+
+def collator(tokenizer: Any, packed: bool = False) -> Collator:
+    """The batch collator for encoded rows (packed: rows with position_ids)."""
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = tokenizer.eos_token_id
+    if pad is None:
+        raise DataError("the tokenizer has neither a pad nor an eos token; give it a pad_token")
+    return Collator(pad_token_id=int(pad), packed=packed)

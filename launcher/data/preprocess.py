@@ -1,0 +1,271 @@
+"""Tokenize once: rows -> encoded (and packed) datasets, cached on disk by content.
+
+The cache directory is `<dataset.cache_dir or $FTL_CACHE_DIR/data>/<name>-<key>` (FTL_CACHE_DIR
+defaults to ~/.cache/ftlaunch), where the key hashes the bytes of the data files, the
+tokenizer's files, every dataset setting that changes the result and this module's
+version (`data_key`; no `datasets` or `transformers` import, so validation computes it and
+the plan records the directory). The
+default root is per user, not per output dir: the same data and tokenizer are tokenized
+once however many output dirs train on them (a new one used to pay 3-4 s for the bundled
+data on every `ftl train`); being keyed by content, sharing it is sound.
+
+Who builds it: `ftl preprocess` (ahead of time, e.g. on a login node), `ftl train` before
+any rank starts, or, when neither did (a Slurm job), rank 0 while the other ranks poll for
+it with `dataset.wait_timeout_s` (no process group exists yet, so no collective can time
+out). A build writes into a temporary sibling and renames it into place: a directory with
+meta.json is complete; a failed build leaves nothing behind.
+
+Inside: train/ and eval/ (`datasets.save_to_disk`; columns input_ids, labels and, packed,
+position_ids) and meta.json (the figures of `Prepared`, and who built it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.config.compose import cache_home, local_or_as_is
+from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+from launcher.errors import DataError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from launcher.config.schema import RunConfig
+
+VERSION = 1
+"""Bump when the encoding changes what a cached directory holds."""
+META = "meta.json"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "chat_template.jinja",
+    "chat_template.json",
+)
+"""The files of a local tokenizer dir that decide its ids (never the model weights)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One cached preprocessing result (`ftl preprocess --json` prints these fields)."""
+
+    train: str
+    eval: str | None
+    rows: int
+    tokens: int
+    trained_tokens: int
+    fill: float
+    cached: bool
+
+
+# ---------------------------------------------------------------------------- the key
+
+
+def data_dir(cfg: RunConfig) -> Path:
+    """Where this config's tokenized data lives (whether built yet or not)."""
+    root = Path(cfg.dataset.cache_dir) if cfg.dataset.cache_dir else cache_home() / "data"
+    return root.resolve() / f"{cfg.dataset.name}-{data_key(cfg)[:16]}"
+
+
+def data_key(cfg: RunConfig) -> str:
+    """sha256 of everything that changes the tokenized result."""
+    data = cfg.dataset
+    settings = {
+        "version": VERSION, "format": data.format, "columns": asdict(data.columns),
+        "template": data.template, "builtin": BUILTIN_CHAT_TEMPLATE,
+        "max_length": data.max_length, "packing": data.packing, "mask_prompt": data.mask_prompt,
+        "eval_fraction": data.eval_fraction if not data.eval_path else None,
+        "seed": cfg.train.seed if not data.eval_path and data.eval_fraction else None,
+        "train": _source_digest(data.path), "eval": _source_digest(data.eval_path),
+        "tokenizer": _tokenizer_digest(cfg.model.tokenizer or cfg.model.path),
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def _source_digest(path: str) -> str:
+    local = Path(local_or_as_is(path)) if path else None
+    if local is None or not local.is_file():
+        return path  # a hub id: its name (the hub has no content hash to read offline)
+    return _file_digest(local)
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tokenizer_digest(source: str) -> str:
+    local = Path(local_or_as_is(source))
+    if not local.is_dir():
+        return source
+    files = sorted(p for p in local.iterdir() if p.name in TOKENIZER_FILES)
+    return json.dumps({p.name: _file_digest(p) for p in files})
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+def read_prepared(directory: Path) -> Prepared | None:
+    """The figures of a complete cache directory, None when it is not (yet) there."""
+    meta = directory / META
+    if not meta.is_file():
+        return None
+    fields = json.loads(meta.read_text())["prepared"]
+    return Prepared(**{**fields, "cached": True})
+
+
+def ensure_prepared(
+    cfg: RunConfig, directory: Path, tokenizer: Any = None, progress: bool = True,
+    builder: str = "ftl",
+) -> Prepared:
+    """The cached result, else build it now (loading the tokenizer if not given)."""
+    found = read_prepared(directory)
+    if found is not None:
+        return found
+    # The key, not the root: a rank may see the user's cache under another HOME than the
+    # `ftl` process that planned the directory; the plan's location is the one to build.
+    if data_dir(cfg).name != directory.name:
+        raise DataError(
+            f"the data files or the tokenizer changed since this run was planned (expected "
+            f"tokenized data in {directory}); plan the run again (`ftl train`/`ftl submit`)"
+        )
+    if tokenizer is None:
+        from launcher.rank.model import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg)
+    return build(cfg, directory, tokenizer, progress, builder)
+
+
+def build(
+    cfg: RunConfig, directory: Path, tokenizer: Any, progress: bool, builder: str
+) -> Prepared:
+    """Tokenize (and pack) into a temporary sibling, then rename it into place."""
+    from launcher.data.loading import encode_splits
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.with_name(f".{directory.name}.{socket.gethostname()}.{os.getpid()}")
+    try:
+        train, evaluation = encode_splits(cfg, tokenizer, progress)
+        train.save_to_disk(str(staging / "train"))
+        if evaluation is not None:
+            evaluation.save_to_disk(str(staging / "eval"))
+        prepared = _figures(cfg, directory, train, evaluation is not None)
+        meta = {"prepared": asdict(prepared), "built_by": f"{builder} ({_process()})",
+                "built_at": time.time()}
+        (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
+        os.rename(staging, directory)
+    except OSError:
+        if (directory / META).is_file():  # another process finished the same build first
+            return read_prepared(directory)  # type: ignore[return-value]
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return prepared
+
+
+def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) -> Prepared:
+    import pyarrow.compute as pc
+
+    table = train.with_format("arrow")[:]
+    tokens = int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
+    labels = pc.list_flatten(table["labels"])
+    trained = int(pc.sum(pc.not_equal(labels, -100).cast("int64")).as_py() or 0)
+    rows = len(train)
+    return Prepared(
+        train=str(directory / "train"), eval=str(directory / "eval") if has_eval else None,
+        rows=rows, tokens=tokens, trained_tokens=trained,
+        fill=round(tokens / (rows * cfg.dataset.max_length), 4), cached=False,
+    )
+
+
+def _process() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]) -> Prepared:
+    """Poll for another process's build; `failed()` names a failure that ends the wait."""
+    deadline = time.monotonic() + timeout_s
+    while (prepared := read_prepared(directory)) is None:
+        if (reason := failed()) is not None:
+            raise DataError(f"rank 0 failed while preparing the data: {reason}")
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"no tokenized data in {directory} after {timeout_s:.0f} s of waiting for "
+                "rank 0. Fix: raise dataset.wait_timeout_s, or run `ftl preprocess` with the "
+                "same overrides first (the directory must be on storage every node sees)"
+            )
+        time.sleep(1.0)
+    return prepared
+
+
+def rank_datasets(
+    cfg: RunConfig, directory: Path, tokenizer: Any, rank: int, rank0_error: Path
+) -> tuple[ArrowRows, ArrowRows | None]:
+    """This rank's train and eval sets: rank 0 builds them when nobody has (before any
+    process group exists), the others wait for rank 0's directory or its error file."""
+    if rank == 0:
+        prepared = ensure_prepared(cfg, directory, tokenizer, progress=False, builder="rank 0")
+        done = "found" if prepared.cached else "tokenized"
+        print(f"[ftl] rank 0: {done} {prepared.rows} rows, {prepared.tokens} tokens "
+              f"in {directory}", flush=True)
+    else:
+        prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
+                            failed=lambda: _first_line(rank0_error))
+    train = load_rows(Path(prepared.train))
+    return train, load_rows(Path(prepared.eval)) if prepared.eval else None
+
+
+def rank_builds_data(directory: Path, rank: int) -> bool:
+    """Whether this rank may have to tokenize (and so needs `datasets`): rank 0 when the
+    directory is not complete yet. The others only ever read a finished one."""
+    return rank == 0 and read_prepared(directory) is None
+
+
+class ArrowRows:
+    """A finished split read with pyarrow alone: the rows as dicts of lists, as the
+    collator takes them. Ranks load the tokenized data with it instead of
+    `datasets.load_from_disk`, so a rank that does not tokenize needs no `datasets` import
+    (~0.5-1 s of CPU per rank with pandas, docs/stack-notes.md "Import costs")."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.column_names: list[str] = list(table.column_names)
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self.table.slice(index % len(self), 1).to_pylist()[0]
+
+
+def load_rows(split: Path) -> ArrowRows:
+    """A `save_to_disk` directory: state.json lists its Arrow stream files in order (it
+    writes the rows themselves, never an indices mapping)."""
+    import pyarrow as pa
+
+    state = json.loads((split / "state.json").read_text())
+    tables = []
+    for entry in state["_data_files"]:
+        # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
+        source = pa.memory_map(str(split / entry["filename"]))
+        tables.append(pa.ipc.open_stream(source).read_all())
+    return ArrowRows(pa.concat_tables(tables))
+
+
+def _first_line(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    lines = path.read_text().strip().splitlines()
+    return f"{lines[-1] if lines else 'unknown error'} (see {path})"

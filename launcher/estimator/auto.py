@@ -1,0 +1,133 @@
+"""`strategy=auto`: pick the fastest strategy whose estimate fits, and say why.
+
+The candidates and their order come from the strategy table (`auto_rank` in
+configs/strategy/*.yaml, see launcher.config.strategies.auto_ladder): ddp, zero1, zero2, zero3,
+zero2_offload, zero3_offload. Less sharding means less communication, and offload (PCIe
+traffic, CPU Adam) is slowest, so zero3 comes before zero2_offload. FSDP is never picked on
+its own: the user asks for it with `strategy=auto strategy.backend=fsdp`, and the ladder
+becomes ddp, fsdp, fsdp_offload.
+
+`choose` reads the rows of an Estimate the caller already has (one estimate per plan);
+only `nothing_fits` estimates again, for the trial configs behind its suggested fixes.
+Pure: no torch import. This module imports launcher.estimator.estimate, never the reverse.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from launcher.config.schema import RunConfig
+from launcher.config.strategies import auto_ladder, strategy_table, with_user_settings
+from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
+from launcher.estimator.memory import FIT_FRACTION, GIB
+
+
+def is_auto(cfg: RunConfig) -> bool:
+    """strategy=auto, also as `strategy=auto strategy.backend=fsdp` (name stays auto)."""
+    return cfg.strategy.name == "auto"
+
+
+def candidates(cfg: RunConfig) -> tuple[str, ...]:
+    """The ladder auto climbs for cfg, fastest first."""
+    return auto_ladder(cfg.strategy.backend)
+
+
+def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
+    """(first candidate whose row fits, or None; one reason line per candidate looked at).
+
+    `est` is estimate(cfg): nothing is computed here.
+    """
+    reasons: list[str] = []
+    for name in candidates(cfg):
+        row = est.row(name)
+        if row is None:  # a ladder entry the estimate has no row for: cannot judge it
+            reasons.append(f"{name}: no estimate (not in the strategy table)")
+            continue
+        if row.fits:
+            reasons.append(
+                f"{name} fits: {row.gpu_bytes / GIB:.1f} GiB per GPU of "
+                f"{row.gpu_capacity_bytes / GIB:g} on {cfg.cluster.gpu}"
+            )
+            return name, reasons
+        reasons.append(rejection(cfg, row))
+    return None, reasons
+
+
+def chosen_strategy(cfg: RunConfig, est: Estimate) -> str | None:
+    """The configured strategy, or for `auto` what choose picks (None: nothing fits)."""
+    return choose(cfg, est)[0] if is_auto(cfg) else cfg.strategy.name
+
+
+def rejection(cfg: RunConfig, row: StrategyEstimate) -> str:
+    """Why `row` does not fit, in numbers the user can act on."""
+    gpu = cfg.cluster.gpu
+    why = []
+    if not row.fits_gpu:
+        why.append(
+            f"{row.gpu_bytes / GIB:.1f} GiB per GPU, {gpu} has "
+            f"{row.gpu_capacity_bytes / GIB:g} ({FIT_FRACTION:.0%} usable: "
+            f"{FIT_FRACTION * row.gpu_capacity_bytes / GIB:.1f})"
+        )
+    if not row.fits_host:
+        why.append(
+            f"{row.host_bytes / GIB:.1f} GiB host RAM per node, "
+            f"cluster.host_memory_gib is {cfg.cluster.host_memory_gib:g}"
+        )
+    return f"{row.strategy} needs " + " and ".join(why)
+
+
+def nothing_fits(cfg: RunConfig, reasons: list[str]) -> list[str]:
+    """One problem per rejected strategy, then the fixes, each tried on a copy of cfg (the
+    caller raises ConfigError with them)."""
+    problems = [f"strategy=auto: nothing fits on {_cluster_text(cfg)}:"]
+    problems += [f"strategy=auto: {reason}" for reason in reasons]
+    fixes = []
+    if cfg.peft.name == "none":
+        fixes.append(_tried(cfg, {"peft.name": "lora", "peft.bits": 16}))
+        fixes.append(_tried(cfg, {"peft.name": "qlora", "peft.bits": 4}))
+    fixes.append(_tried(cfg, {"cluster.nodes": cfg.cluster.nodes * 2}))
+    fixes.append(_tried(cfg, {"dataset.max_length": cfg.dataset.max_length // 2}))
+    if not cfg.train.gradient_checkpointing:
+        fixes.append(_tried(cfg, {"train.gradient_checkpointing": True}))
+    if cfg.train.micro_batch_size > 1:
+        fixes.append(_tried(cfg, {"train.micro_batch_size": 1})
+                     + " (raise train.grad_accum instead)")
+    problems.append(
+        "strategy=auto: Fix: " + "; ".join(fixes) + ". Fixes marked 'not enough alone' "
+        "need to be combined."
+    )
+    return problems
+
+
+def _tried(cfg: RunConfig, change: dict[str, object]) -> str:
+    """The change as overrides, plus what auto would pick after it, or 'not enough alone'."""
+    trial = copy.deepcopy(cfg)
+    for path, value in change.items():
+        section, key = path.split(".")
+        setattr(getattr(trial, section), key, value)
+    fit, _ = choose(trial, estimate(trial))
+    text = " ".join(f"{path.removesuffix('.name')}={_yaml(value)}" for path, value in change.items()
+                    if path != "peft.bits")
+    return f"{text} (fits with {fit})" if fit else f"{text} (not enough alone)"
+
+
+def _yaml(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _cluster_text(cfg: RunConfig) -> str:
+    return f"{cfg.cluster.nodes}x{cfg.cluster.gpus_per_node} {cfg.cluster.gpu}"
+
+
+def resolve(cfg: RunConfig, name: str) -> RunConfig:
+    """A copy of cfg with strategy=auto replaced by the table's `name` entry.
+
+    Every other strategy.* value the user set next to strategy=auto is kept (CHOSEN_FIELDS
+    come from the table). A named strategy comes back as an unchanged copy.
+    """
+    resolved = copy.deepcopy(cfg)
+    if not is_auto(cfg):
+        return resolved
+    chosen = with_user_settings(strategy_table()[name], cfg.strategy)
+    resolved.strategy = chosen
+    return resolved

@@ -1,0 +1,149 @@
+"""What a run will cost before any GPU is touched: FLOPs, time, and per-GPU memory under
+every strategy of the table (configs/strategy/*.yaml).
+
+Computed once per plan: `ftl estimate` renders it (launcher/estimator/estimate_table.py),
+`strategy=auto` picks from its rows (launcher/estimator/auto.py) and the plan keeps the
+chosen row. The figures come from flops.py and memory.py; this module only puts them side
+by side. No torch, transformers or deepspeed import.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig, StrategyConfig
+from launcher.config.strategies import concrete_strategies, with_user_settings
+from launcher.engines import is_auto
+from launcher.estimator.flops import (
+    count_params,
+    run_flops,
+    run_seconds,
+    trainable_params,
+    training_tokens,
+)
+from launcher.estimator.memory import (
+    FIT_FRACTION,
+    activation_bytes,
+    device_memory_bytes,
+    framework_buffer_bytes,
+    host_capacity_bytes,
+    lora_activation_bytes,
+    model_state_bytes,
+)
+from launcher.estimator.peak import predict_peak
+
+
+@dataclass
+class StrategyEstimate:
+    strategy: str
+    model_state_gpu_bytes: float
+    """Model states as the optimizer step starts (launcher/estimator/memory.py)."""
+    activation_bytes: float
+    peak_bytes: float
+    """Predicted per-rank peak of live tensor bytes over the whole run (rank 0): what
+    result.json's measured_peak_bytes measures (launcher/estimator/peak.py)."""
+    steady_bytes: float
+    """The same over a training step (first and steady-state steps)."""
+    moments: dict[str, float]
+    """Moment (construction, between_steps, forward_backward, optimizer_step, checkpoint,
+    checkpoint_other_ranks; LoRA: final, final_other_ranks) -> predicted live tensor bytes
+    per rank."""
+    construction_above_training: bool
+    buffer_bytes: float
+    """Framework allowance (runtime, CUDA context, communication): not tensor bytes."""
+    gpu_bytes: float
+    """peak_bytes + buffer_bytes: what must fit in the device."""
+    gpu_capacity_bytes: float
+    host_bytes: float
+    """Host RAM per node (offloaded states)."""
+    host_capacity_bytes: float | None
+    fits_gpu: bool
+    fits_host: bool
+    fits: bool
+    est_seconds: float | None
+    host_peak_bytes: float = 0.0
+    """GPU presets: the most host-side tensor bytes one rank holds at a moment (offloaded
+    states, a checkpoint gathered on rank 0's host: FSDP FULL_STATE_DICT, ZeRO-3's 16-bit
+    save); not in the host fit check. 0 on the cpu preset, where peak_bytes counts them."""
+
+
+@dataclass
+class Estimate:
+    model: str
+    params: int
+    trainable_params: int
+    tokens: int | None
+    flops: float | None
+    est_seconds: float | None
+    gpu_hours: float | None
+    precision: str
+    cluster: dict
+    strategy: str
+    """The configured strategy (may be `auto`)."""
+    strategies: list[StrategyEstimate]
+
+    def row(self, name: str) -> StrategyEstimate | None:
+        """The row of strategy `name`, or None when the table has no such strategy (`auto`)."""
+        return next((r for r in self.strategies if r.strategy == name), None)
+
+
+def strategy_estimate(
+    cfg: RunConfig, strategy: StrategyConfig, seconds: float | None
+) -> StrategyEstimate:
+    """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
+    states, host = model_state_bytes(cfg, strategy)
+    peak = predict_peak(cfg, strategy)
+    buffers = framework_buffer_bytes(gpu_preset(cfg.cluster.gpu))
+    gpu = peak.peak_bytes + buffers
+    capacity, host_cap = device_memory_bytes(cfg), host_capacity_bytes(cfg)
+    fits_gpu = gpu <= FIT_FRACTION * capacity
+    fits_host = host_cap is None or host <= host_cap
+    return StrategyEstimate(
+        strategy.name, states, run_activation_bytes(cfg), peak.peak_bytes, peak.steady_bytes,
+        peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
+        host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
+    )
+
+
+def run_activation_bytes(cfg: RunConfig) -> float:
+    """One micro batch's activations: a frozen LoRA base keeps less than full fine-tuning."""
+    return lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
+
+
+def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
+    """One entry per concrete strategy of the table, in table order; the configured one is
+    cfg.strategy itself, so an override such as strategy.offload_param=true shows in its row
+    (and a concrete strategy missing from the table, e.g. a config.yaml read back from an
+    older run dir, gets a row of its own at the end)."""
+    table = concrete_strategies()
+    if not is_auto(cfg.strategy):
+        table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
+    elif cfg.strategy.name == "auto":  # what auto's resolve would run (e.g. bucket_size)
+        table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}
+    return list(table.values())
+
+
+def estimate(cfg: RunConfig, tokens: int | None = None) -> Estimate:
+    """Every strategy's memory on cfg's cluster, plus FLOPs and time for the whole run.
+
+    `tokens` overrides the figure from the config (e.g. counted from the data by the caller).
+    """
+    tokens = tokens if tokens is not None else training_tokens(cfg)
+    flops = seconds = hours = None
+    if tokens is not None:
+        flops = run_flops(cfg, tokens)
+        seconds = run_seconds(cfg, flops)
+        hours = seconds * cfg.world_size / 3600
+    rows = [strategy_estimate(cfg, s, seconds) for s in row_strategies(cfg)]
+    cluster = {
+        "nodes": cfg.cluster.nodes, "gpus_per_node": cfg.cluster.gpus_per_node,
+        "world_size": cfg.world_size, "gpu": cfg.cluster.gpu,
+        "gpu_memory_gib": gpu_preset(cfg.cluster.gpu).memory_gib,
+        "host_memory_gib": cfg.cluster.host_memory_gib,
+    }
+    return Estimate(
+        cfg.model.name, count_params(cfg.model), trainable_params(cfg), tokens, flops, seconds,
+        hours, cfg.precision.name, cluster, cfg.strategy.name, rows,
+    )

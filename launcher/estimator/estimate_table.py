@@ -1,0 +1,112 @@
+"""`ftl estimate` output: the fixed-width table and the --json document of one Estimate.
+
+Both take the strategy the caller chose (the configured one, or what strategy=auto picked
+from the same Estimate), so nothing here computes an estimate or imports launcher.estimator.auto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig
+from launcher.estimator.estimate import Estimate
+from launcher.estimator.flops import flops_factor
+from launcher.estimator.memory import FIT_FRACTION, GIB, framework_buffer_bytes
+
+
+def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
+    """`ftl estimate --json`: the Estimate as plain JSON types, plus the chosen strategy
+    (None: strategy=auto found nothing that fits)."""
+    return {**asdict(est), "chosen": chosen}
+
+
+def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> str:
+    """Every strategy's row, the chosen one marked `*`, under a header naming the run."""
+    unit, size = ("GiB", GIB) if max(r.gpu_bytes for r in est.strategies) >= GIB else (
+        "MiB", 1024**2
+    )
+    lines = [*_header(cfg, est), ""]
+    lines.append(
+        f"  {'strategy':<14}{'states ' + unit:>11}{'activ. ' + unit:>11}{'peak ' + unit:>11}"
+        f"{'total ' + unit:>11}{'fits':>6}{'host ' + unit + '/node':>15}{'time':>10}"
+    )
+    for row in est.strategies:
+        mark = "*" if row.strategy == chosen else " "
+        fits = "yes" if row.fits else ("no" if not row.fits_gpu else "host")
+        peak = f"{row.peak_bytes / size:.2f}" + ("c" if row.construction_above_training else "")
+        lines.append(
+            f"{mark} {row.strategy:<14}{row.model_state_gpu_bytes / size:>11.2f}"
+            f"{row.activation_bytes / size:>11.2f}{peak:>11}{row.gpu_bytes / size:>11.2f}"
+            f"{fits:>6}{row.host_bytes / size:>15.1f}{_duration(row.est_seconds):>10}"
+        )
+    if any(row.construction_above_training for row in est.strategies):
+        lines.append("  c: model construction (build + engine wrapping) peaks above training")
+    lines += ["", _chosen_line(cfg, chosen)]
+    return "\n".join(lines)
+
+
+def _header(cfg: RunConfig, est: Estimate) -> list[str]:
+    """Model, cluster, compute and the memory rules: what the rows below assume."""
+    c = est.cluster
+    host = f"{c['host_memory_gib']:g} GiB host RAM/node" if c["host_memory_gib"] else (
+        "host RAM not checked (cluster.host_memory_gib=0)"
+    )
+    buffers = framework_buffer_bytes(gpu_preset(c["gpu"])) / GIB
+    return [
+        f"{est.model}: {_count(est.params)} params ({_trainable(est)}), "
+        f"precision {est.precision}, {c['nodes']} node(s) x "
+        f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}",
+        _compute_line(cfg, est),
+        "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
+        "step and checkpoint save; states = model states as the optimizer step starts); "
+        f"total = peak + {buffers:g} GiB framework allowance; fits = total <= "
+        f"{FIT_FRACTION:.0%} of device memory; micro batch "
+        f"{cfg.train.micro_batch_size} x {cfg.dataset.max_length} tokens"
+        + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
+    ]
+
+
+def _trainable(est: Estimate) -> str:
+    if est.trainable_params == est.params:
+        return "all trainable"
+    return f"{_count(est.trainable_params)} trainable adapter params"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _compute_line(cfg: RunConfig, est: Estimate) -> str:
+    if est.tokens is None or est.flops is None:
+        return (
+            "compute: unknown - the token count is not known; set dataset.num_tokens "
+            "(tokens per epoch) or train.max_steps"
+        )
+    factor = flops_factor(cfg.train.gradient_checkpointing, cfg.peft.name != "none")
+    return (
+        f"compute: {est.tokens:.3g} tokens, {est.flops:.3g} FLOPs "
+        f"({factor}PD), {_duration(est.est_seconds)} "
+        f"at MFU {cfg.train.mfu:g} = {est.gpu_hours:.3g} GPU-hours (same MFU for every row)"
+    )
+
+
+def _chosen_line(cfg: RunConfig, chosen: str | None) -> str:
+    if cfg.strategy.name != "auto":
+        return f"* configured: strategy={chosen}"
+    if chosen is None:
+        return "strategy=auto: nothing fits (see `ftl plan` for the reasons and fixes)"
+    return f"* strategy=auto picks {chosen} (the fastest that fits)"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.2g} s"

@@ -1,0 +1,257 @@
+"""Per-GPU (and per-node host) memory of a run under one strategy: the engine accounting.
+
+Pure arithmetic, no torch/deepspeed import. Sources of each figure:
+
+- Model states: what the DeepSpeed engine (or torch DDP) really allocates, read from its
+  source and measured on live engines (docs/memory-notes.md, "Engine accounting").
+  Precision-aware.
+  DeepSpeed's own estimator functions are what tests/unit/test_estimate.py compares it
+  with, not used here: they assume 16-bit training and under-count ZeRO-3 by one 16-bit
+  partition.
+- Activations: fitted to live tensor bytes measured at the forward's end (2 CPU ranks,
+  fp32; docs/memory-notes.md section 4): `activation_bytes` (Korthikanti et al. 2022,
+  arXiv 2205.05198, was the estimator before: s*b*h*(34 + 5as/h) bytes per layer).
+- The per-rank PEAK (what a run measures) is a max over moments: launcher/estimator/peak.py. The
+  model-state figures here are the states at the optimizer step's start (the "states"
+  column) and the offloaded host RAM per node.
+- Framework allowance per GPU: FRAMEWORK_BUFFER_BYTES (CUDA context, NCCL buffers, ZeRO
+  communication buckets), not tensor bytes; a run "fits" when the predicted peak +
+  allowance <= FIT_FRACTION of the preset's memory (the rest is allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from launcher.config.hardware import GpuPreset, gpu_preset
+from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
+from launcher.estimator.flops import (
+    adapter_params,
+    count_params,
+    largest_layer_params,
+    layer_linear_params,
+    lora_targets,
+)
+
+GIB = 1024**3
+
+FRAMEWORK_BUFFER_BYTES = int(1.5 * GIB)
+"""Per GPU: CUDA context (~0.5 GiB), NCCL buffers and ZeRO buckets (h*h elements each)."""
+CPU_FRAMEWORK_BUFFER_BYTES = int(0.5 * GIB)
+"""Per process on cluster.gpu=cpu: the torch/python runtime itself."""
+FIT_FRACTION = 0.95
+"""Share of the preset's memory we plan to use; the rest absorbs allocator fragmentation."""
+DEEPSPEED_BUFFER_FACTOR = 1.5
+"""DeepSpeed's `additional_buffer_factor` default for host-memory figures."""
+LOGITS_BYTES_PER_ELEMENT = {16: 10, 32: 8}
+"""Per s*b*V logit element: 16-bit logits + fp32 upcast + fp32 log-softmax (fp32: no upcast)."""
+QLORA_BYTES_PER_PARAM = 0.5 + 4 / 64
+"""NF4: 4 bits per weight plus one fp32 absmax per 64-weight block (no double quant)."""
+ADAPTER_BYTES_PER_PARAM = 16
+"""LoRA adapters train in fp32: weight 4 + grad 4 + Adam m, v 8."""
+ZERO3_SUB_GROUP_SIZE = SUB_GROUP_SIZE
+"""ZeRO-3 `sub_group_size` the ds_config writes: fp32 grads exist one sub-group at a time."""
+
+
+
+# ---------------------------------------------------------------- model states
+
+
+def engine_model_state_parts(
+    total_params: int,
+    largest_layer_params: int,
+    world_size: int,
+    zero_stage: int,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    param_bytes: int = 2,
+    sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
+) -> dict[str, float]:
+    """Bytes per GPU the engine holds at its peak, by kind (docs/memory-notes.md, "Engine
+    accounting").
+
+    Keys: params, grads, optimizer (fp32 master + Adam m, v), gathered (ZeRO-3's working
+    set of one layer's full params and grads; 0 elsewhere), transient (alive only inside
+    the optimizer step). A test that sums a live engine's tensors as the wrapped torch
+    optimizer's step() starts should compare with params + grads + optimizer; the estimate
+    plans for the sum of all. With offload_optimizer the optimizer and fp32 gradients live
+    on the host and are left out here.
+    """
+    psi, p, n = total_params, param_bytes, world_size
+    if zero_stage == 0:  # torch DDP, fp32 weights under autocast: + a bucket copy of grads
+        return {"params": 4 * psi, "grads": 8 * psi, "optimizer": 8 * psi, "gathered": 0,
+                "transient": 0}
+    if zero_stage in (1, 2):
+        if offload_optimizer:
+            return {"params": p * psi, "grads": 0, "optimizer": 0, "gathered": 0,
+                    "transient": 0}
+        # 16-bit training briefly keeps the 16-bit grad partition while casting it to fp32
+        transient = 2 * psi / n if p == 2 else 0
+        return {"params": p * psi, "grads": 4 * psi / n, "optimizer": 12 * psi / n,
+                "gathered": 0, "transient": transient}
+    gathered = 2 * p * largest_layer_params
+    if offload_optimizer:  # grads go to the host; offload_param also moves the 16-bit params
+        params = 0 if offload_param else p * psi / n
+        return {"params": params, "grads": 0, "optimizer": 0, "gathered": gathered,
+                "transient": 0}
+    grads = p * psi / n + 4 * min(sub_group_size, psi / n)  # fp32 grads: one sub-group at a time
+    return {"params": p * psi / n, "grads": grads, "optimizer": 12 * psi / n,
+            "gathered": gathered, "transient": 0}
+
+
+def engine_host_bytes(
+    total_params: int, gpus_per_node: int, world_size: int, strategy: StrategyConfig, p: int
+) -> float:
+    """Host RAM per node for offloaded states: fp32 master, grads, Adam (+ 16-bit params)."""
+    if not strategy.offload_optimizer:
+        return 0.0
+    per_param = 16 + (p if strategy.offload_param else 0)
+    return per_param * total_params * gpus_per_node / world_size * DEEPSPEED_BUFFER_FACTOR
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes of one working-copy parameter: 4 in fp32, 2 in fp16/bf16."""
+    return 4 if precision == "fp32" else 2
+
+
+def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
+    """(GPU bytes per GPU, host bytes per node) of params, grads and optimizer states when
+    cfg's model trains under `strategy` (which need not be cfg.strategy: the estimate asks
+    for every strategy of the table on the same run)."""
+    if cfg.peft.name != "none":
+        return peft_model_state_bytes(cfg, strategy)
+    psi, largest = count_params(cfg.model), largest_layer_params(cfg.model)
+    n, p = cfg.world_size, param_bytes(cfg.precision.name)
+    parts = engine_model_state_parts(
+        psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
+        strategy.offload_param, p,
+    )
+    return sum(parts.values()), engine_host_bytes(psi, cfg.cluster.gpus_per_node, n, strategy, p)
+
+
+def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
+    """LoRA/QLoRA: frozen base weights + fp32 adapters with grads and Adam states.
+
+    Base bytes per weight follow what the worker loads: fp32 weights, which a DeepSpeed
+    engine casts to the 16-bit dtype (2 bytes) and DDP/FSDP keep (4 bytes, autocast does
+    the 16-bit math). QLoRA stores the decoder's linear weights in NF4
+    (QLORA_BYTES_PER_PARAM); prepare_model_for_kbit_training upcasts the rest (embeddings,
+    norms, lm_head) to fp32. ZeRO-3/FSDP partition the base over the GPUs (offload_param
+    moves it to the host); adapters are counted whole on every GPU
+    (ADAPTER_BYTES_PER_PARAM each), an over-estimate of a few MB.
+    """
+    psi = count_params(cfg.model)
+    p = param_bytes(cfg.precision.name) if engine_of(strategy).separate_master_weights else 4
+    if cfg.peft.bits == 4:
+        quantized = cfg.model.num_layers * layer_linear_params(cfg.model)
+        base = quantized * QLORA_BYTES_PER_PARAM + (psi - quantized) * p
+    else:
+        base = float(psi * p)
+    adapters = float(adapter_params(cfg) * ADAPTER_BYTES_PER_PARAM)
+    if engine_of(strategy).memory_stage(strategy) < 3:
+        return base + adapters, 0.0
+    if strategy.offload_param:
+        per_node = base * cfg.cluster.gpus_per_node / cfg.world_size
+        return adapters + 2 * p * largest_layer_params(cfg.model), per_node
+    return base / cfg.world_size + adapters, 0.0
+
+
+# ---------------------------------------------------------------- activations and buffers
+
+
+def layer_activation_elements(model: ModelConfig) -> float:
+    """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
+    docs/memory-notes.md section 4): ~8h (norm outputs, q, rotary products, attention output
+    and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product)."""
+    h = model.hidden_size
+    kv = h // model.num_heads * model.num_kv_heads
+    return 8 * h + 2 * kv + 4 * model.intermediate_size
+
+
+def activation_bytes(cfg: RunConfig) -> float:
+    """Activations of one micro batch at dataset.max_length when the forward returns (the
+    same under every strategy: none of them shards activations). Every element at the
+    working precision (4 bytes fp32, 2 in 16-bit), + 3h per token outside the layers
+    (embedding output, final norm), + the logits (LOGITS_BYTES_PER_ELEMENT). No s x s
+    term: SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the
+    s = 128 run doubled, it did not quadruple). With gradient checkpointing each layer
+    keeps its input only (measured -2.7 %)."""
+    model = cfg.model
+    s, b, h = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size
+    fp32 = cfg.precision.name == "fp32"
+    e = 4 if fp32 else 2
+    per_layer = h if cfg.train.gradient_checkpointing else layer_activation_elements(model)
+    layers = model.num_layers * per_layer + 3 * h
+    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
+    return e * s * b * layers + logits
+
+
+LORA_INPUT = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
+              "o_proj": "attn_out", "gate_proj": "mlp_in", "up_proj": "mlp_in",
+              "down_proj": "mlp_mid"}
+"""The tensor each LoRA-targeted linear reads: q, k, v share the attention norm's output,
+gate and up the MLP norm's output."""
+
+
+def lora_activation_bytes(cfg: RunConfig) -> float:
+    """Activations of one micro batch when the forward returns, LoRA (frozen base) runs.
+
+    Measured (fp32 CPU, q/k/v/o adapters: 91.9M against 89.3M for full fine-tuning,
+    docs/memory-notes.md section 12) and counted per op with saved-tensor hooks: a frozen
+    linear keeps nothing for backward (its input gradient needs only the weight), so the
+    norms' outputs, o_proj's and down_proj's inputs are not kept; what stays per layer is
+    the two norms' inputs (2h), SDPA's q, k, v and output (2h + 2 kv), the MLP's gate, up
+    and silu(gate) (3i), and per adapted linear of input width w: dropout's mask (w; torch
+    on CPU keeps a float noise tensor, a GPU's fused dropout a bool mask: 1 byte, derived),
+    the dropout output lora_A keeps (w) and lora_A's output (r). Layer 0 reads the frozen
+    embedding: its attention norm keeps nothing and the q/k/v dropouts no mask. Outside the
+    layers the final norm's input (h) and the logits. Without dropout (peft's Identity)
+    lora_A keeps its input, once per distinct input. Gradient checkpointing: each layer
+    keeps its input, as in activation_bytes (derived). Only one shape was measured."""
+    if cfg.train.gradient_checkpointing:
+        return activation_bytes(cfg)
+    model = cfg.model
+    s, b, h, r = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size, cfg.peft.r
+    fp32 = cfg.precision.name == "fp32"
+    e = 4 if fp32 else 2
+    mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
+    kv = h // model.num_heads * model.num_kv_heads
+    widths = {"attn_in": h, "attn_out": h, "mlp_in": h, "mlp_mid": model.intermediate_size}
+    targets = lora_targets(cfg)
+    layer = e * (4 * h + 2 * kv + 3 * model.intermediate_size + r * len(targets))
+    if cfg.peft.dropout > 0:
+        layer += sum((e + mask) * widths[LORA_INPUT[t]] for t in targets)
+        first = layer - e * h - sum(mask * h for t in targets if LORA_INPUT[t] == "attn_in")
+    else:  # lora_A keeps its input itself, one per distinct input tensor
+        layer += sum(e * widths[i] for i in {LORA_INPUT[t] for t in targets})
+        first = layer - e * h
+    layers = (model.num_layers - 1) * layer + first + e * h
+    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
+    return s * b * layers + logits
+
+
+def recompute_bytes(cfg: RunConfig) -> float:
+    """Gradient checkpointing: the one layer whose activations the backward rebuilds at a
+    time (derived, not isolated by a measurement); 0 without it."""
+    if not cfg.train.gradient_checkpointing:
+        return 0.0
+    e = 4 if cfg.precision.name == "fp32" else 2
+    s, b = cfg.dataset.max_length, cfg.train.micro_batch_size
+    return float(e * s * b * layer_activation_elements(cfg.model))
+
+
+def framework_buffer_bytes(preset: GpuPreset) -> int:
+    return CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
+
+
+def device_memory_bytes(cfg: RunConfig) -> float:
+    """Memory one rank may use: the GPU's, or on gpu=cpu the host's share per process."""
+    preset = gpu_preset(cfg.cluster.gpu)
+    per_rank = preset.memory_gib / cfg.cluster.gpus_per_node if preset.is_cpu else preset.memory_gib
+    return per_rank * GIB
+
+
+def host_capacity_bytes(cfg: RunConfig) -> float | None:
+    """Host RAM per node, or None when cluster.host_memory_gib=0 (unknown: not checked)."""
+    gib = cfg.cluster.host_memory_gib
+    return gib * GIB if gib > 0 else None

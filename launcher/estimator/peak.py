@@ -1,0 +1,169 @@
+"""Predicted peak live tensor bytes per rank: the max over the moments of a run, per strategy.
+
+The figures are what launcher/rank/memtrace.py measures (docs/memory-notes.md): on the cpu
+preset every tensor of the rank (device and host are one memory), on GPU presets the CUDA
+allocator's max_memory_allocated (host-side offloaded states are reported apart). The
+framework allowance (CUDA context, runtime) is not tensor bytes and is added elsewhere
+(launcher/estimator/estimate.py). A peak is a max over moments, not a sum; each engine owns its
+moments (launcher/engines/*, in the terms of launcher/estimator/peak_terms.py).
+Pure arithmetic: no torch, transformers or deepspeed import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig, StrategyConfig
+from launcher.engines import engine_of
+from launcher.engines.deepspeed.ds_config import (
+    STAGE3_MAX_LIVE_PARAMETERS,
+    SUB_GROUP_SIZE,
+    bucket_elements,
+)
+from launcher.estimator.flops import (
+    adapter_params,
+    count_params,
+    layer_linear_params,
+    linear_shapes,
+    lora_targets,
+)
+from launcher.estimator.memory import (
+    activation_bytes,
+    lora_activation_bytes,
+    model_state_bytes,
+    param_bytes,
+    recompute_bytes,
+)
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
+
+TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
+MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
+           "checkpoint_other_ranks")
+RANK0_MOMENTS = ("checkpoint", "final")
+"""Moments only rank 0 reaches (it gathers or merges what it saves); the other ranks'
+counterparts are `<moment>_other_ranks`. "final" (the final eval and save) exists for LoRA
+runs only: their merged save peaks above every training step (measured); full
+fine-tuning's stays below its other moments (docs/memory-notes.md section 2)."""
+
+
+# ---------------------------------------------------------------- LoRA (frozen base)
+
+
+def lora_moments(x: PeakInputs, lo: LoraInputs, strategy: StrategyConfig) -> dict[str, Split]:
+    """The moments of a LoRA run under `strategy`, first_step included."""
+    return engine_of(strategy).lora_moments(x, lo, strategy)
+
+
+def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
+    """LoraInputs from cfg: adapter count and shapes, the engine's byte widths."""
+    model, r = cfg.model, cfg.peft.r
+    p = param_bytes(cfg.precision.name)
+    deepspeed = engine_of(strategy).separate_master_weights
+    base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
+    widest = max((max(i, o) for t, (i, o) in linear_shapes(model).items()
+                  if t in lora_targets(cfg)), default=0)
+    largest = max((i * o for t, (i, o) in linear_shapes(model).items()
+                   if t in lora_targets(cfg)), default=0)
+    adapters = adapter_params(cfg)
+    return LoraInputs(
+        adapters=adapters, largest_adapter=r * widest,
+        layer_adapters=adapters // max(model.num_layers, 1), base_bytes=base,
+        adapter_bytes=p if deepspeed else 4,
+        merge_temporaries=(8.0 if base == 4 else 14.0) * largest,
+    )
+
+
+# ---------------------------------------------------------------- from a run's config
+
+
+@dataclass(frozen=True)
+class PeakPrediction:
+    """Per-rank predicted live tensor bytes: every moment, and their max."""
+
+    moments: dict[str, float]
+    """Moment -> bytes, the quantity the run measures (cpu preset: device + host tensors;
+    GPU presets: device allocator only)."""
+    host_bytes: float
+    """Largest host-side (offloaded) tensor bytes per rank on GPU presets; 0 on cpu, where
+    the moments count them already."""
+
+    @property
+    def steady_bytes(self) -> float:
+        """The peak of a steady-state training step (the first step, without Adam's states
+        during its forward/backward, peaks no higher)."""
+        return max(self.moments[m] for m in TRAINING_MOMENTS)
+
+    @property
+    def peak_bytes(self) -> float:
+        """The run's peak on rank 0 (which saves the gathered checkpoint)."""
+        return max(self.moments.values())
+
+    @property
+    def construction_above_training(self) -> bool:
+        """Building and wrapping the model peaks above every step and the save."""
+        return self.moments["construction"] > max(
+            self.steady_bytes, self.moments["checkpoint"])
+
+
+def other_ranks_peak(moments: dict[str, float]) -> float:
+    """The run's peak on every rank but 0: all moments but those only rank 0 reaches."""
+    return max(v for k, v in moments.items() if k not in RANK0_MOMENTS)
+
+
+def strategy_moments(x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
+    """The moments of `strategy` (its engine, ZeRO stage and offload settings)."""
+    return engine_of(strategy).moments(x, strategy)
+
+
+def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
+    """The settings the moments read, from cfg (under `strategy`, which need not be
+    cfg.strategy: the estimate asks for every row on the same run)."""
+    model = cfg.model
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    bucket = strategy.bucket_size or bucket_elements(replace(cfg, strategy=strategy))
+    return PeakInputs(
+        psi=count_params(model), n=cfg.world_size, p=param_bytes(cfg.precision.name),
+        grad_accum=cfg.train.grad_accum,
+        layer_psi=layer_linear_params(model) + 2 * h,
+        largest_tensor=max(v * h, h * i, h * h),
+        acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
+        autocast_acts=autocast_activation_bytes(cfg),
+        # GPU presets run a fused Adam (DeepSpeed FusedAdam/CPUAdam, torch fused); the cpu
+        # preset the Trainer's torch AdamW, single-tensor on CPU
+        fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
+        bucket=bucket,
+        max_live=STAGE3_MAX_LIVE_PARAMETERS + int(0.9 * bucket),
+        sub_group=SUB_GROUP_SIZE,
+        gather_on_save=strategy.gather_weights_on_save,
+        reshard_after_forward=strategy.fsdp_reshard_after_forward,
+    )
+
+
+def autocast_activation_bytes(cfg: RunConfig) -> float:
+    """PeakInputs.autocast_acts: 12h bytes per token and layer in 16-bit runs, else 0."""
+    if cfg.precision.name == "fp32":
+        return 0.0
+    tokens = cfg.dataset.max_length * cfg.train.micro_batch_size
+    return 12.0 * cfg.model.hidden_size * tokens * cfg.model.num_layers
+
+
+def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
+    """Per-rank peak of cfg's run under `strategy`. LoRA: its own moments (a frozen
+    base, launcher/estimator/peak.py's lora_* functions, measured). QLoRA is not measured (it
+    needs a pretrained checkpoint and bitsandbytes' 4-bit kernels): its one moment is the
+    model-state accounting plus activations (launcher/estimator/memory.py)."""
+    on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
+    if cfg.peft.name == "qlora":
+        total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
+        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0)
+    x = peak_inputs(cfg, strategy)
+    if cfg.peft.name == "lora":
+        x = replace(x, acts=lora_activation_bytes(cfg))
+        moments = lora_moments(x, lora_inputs(cfg, strategy), strategy)
+    else:
+        moments = strategy_moments(x, strategy)
+    if on_cpu:  # one memory: the tracker counts host tensors too
+        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0)
+    host = max(h for _, h in moments.values())
+    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host)

@@ -1,0 +1,128 @@
+"""The terms every engine's peak-memory moments are written in (launcher/engines/*).
+
+A moment is what one rank holds at one point of a run, as (device, host) bytes: between
+steps, forward/backward, the optimizer step, the checkpoint save (rank 0 and the other
+ranks), construction (model build and engine wrapping). Every formula was measured on 2
+CPU ranks in fp32 (102M Llama, docs/memory-notes.md sections 3-5) unless its comment says
+"derived": 16-bit figures and the GPU/host split of offloaded states follow the engines'
+code paths.
+
+Notation: psi params, n world size, p working-param bytes (4 fp32, 2 fp16/bf16), E numel
+of the largest parameter tensor, L one decoder layer's params, A one micro batch's
+activations at the forward's end (launcher/estimator/memory.py activation_bytes).
+Pure arithmetic: no torch, transformers or deepspeed import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+Split = tuple[float, float]
+"""(device bytes, host bytes) one rank holds at a moment."""
+
+
+@dataclass(frozen=True)
+class PeakInputs:
+    """Everything a strategy's peak depends on, taken from the run's own settings."""
+
+    psi: int
+    n: int
+    p: int
+    grad_accum: int
+    layer_psi: int
+    largest_tensor: int
+    acts: float
+    """Activations of one micro batch when the forward returns."""
+    recompute: float
+    """One layer's activations rebuilt during backward (gradient checkpointing), else 0."""
+    autocast_acts: float
+    """DDP in 16-bit (fp32 weights under autocast): what its fp32 residual stream adds to
+    `acts` (derived: each norm keeps an fp32 input and output plus the 16-bit cast for the
+    next linear where a 16-bit model keeps 16-bit: 12h bytes per token and layer)."""
+    fused_optimizer: bool
+    """Fused Adam (GPU presets: DeepSpeed FusedAdam/CPUAdam, torch fused): no temporaries."""
+    bucket: int
+    """ZeRO reduce bucket, elements."""
+    max_live: int
+    """ZeRO-3: stage3_max_live_parameters + stage3_prefetch_bucket_size, elements."""
+    sub_group: int
+    gather_on_save: bool
+    reshard_after_forward: bool = True
+
+
+def larger(*splits: Split) -> Split:
+    """The split with the most bytes in all: the moment a rank's total peaks."""
+    return max(splits, key=sum)
+
+
+def flat_temporaries(x: PeakInputs, numel: float) -> float:
+    """torch AdamW (single-tensor, the default on CPU) over one flat tensor: sqrt and div
+    results alive together, 8 bytes/element (measured, zero1/2 and zero3). Fused: none."""
+    return 0.0 if x.fused_optimizer else 8.0 * numel
+
+
+def per_param_temporaries(x: PeakInputs, numel: float) -> float:
+    """The same loop over separate parameters peaks at its largest one: 12 bytes/element
+    measured under DDP (ddp: 20psi + 12E to the byte)."""
+    return 0.0 if x.fused_optimizer else 12.0 * numel
+
+
+@dataclass(frozen=True)
+class LoraInputs:
+    """What a LoRA run holds beyond PeakInputs (whose psi stays the base's parameters and
+    whose acts are lora_activation_bytes). Measured on 2 CPU ranks in fp32, q/k/v/o
+    adapters (docs/memory-notes.md section 12); the 16-bit byte widths are derived."""
+
+    adapters: int
+    """a: the trainable parameters (launcher/flops.adapter_params)."""
+    largest_adapter: int
+    """Numel of the largest adapter tensor (r x the widest adapted input or output)."""
+    layer_adapters: int
+    base_bytes: int
+    """Bytes per frozen base weight as the engine holds it: 2 for a bf16 base
+    (model_dtype) or under a 16-bit DeepSpeed engine (it casts the module), else 4."""
+    adapter_bytes: int
+    """Bytes per adapter weight: 4 under DDP/FSDP (peft keeps adapters in fp32), p under
+    DeepSpeed (the engine casts them with the base)."""
+    merge_temporaries: float
+    """The final merge's transient for its largest weight: B @ A and W + B @ A in fp32
+    (8 bytes/element measured in fp32; + the fp32 upcast and the cast back in 16-bit)."""
+
+    def model(self, psi: int) -> float:
+        """The model's bytes: frozen base + adapters."""
+        return self.base_bytes * psi + self.adapter_bytes * self.adapters
+
+    def merged(self, psi: int) -> float:
+        """Rank 0's final save from the live model (DDP): a clone of every base weight,
+        merged into. A gathered state dict (ZeRO, FSDP) is merged in place: only the
+        merge_temporaries (launcher/checkpoints.merge_lora_state_dict)."""
+        return self.base_bytes * psi + self.merge_temporaries
+
+
+def shifted(moments: dict[str, Split], device: float) -> dict[str, Split]:
+    """Every moment plus `device` bytes (the frozen base, held throughout)."""
+    return {m: (d + device, h) for m, (d, h) in moments.items()}
+
+
+def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
+    """x as if the adapters were the whole model: what an engine's flat buffers, DDP's
+    buckets, the grads and Adam cover (measured: ZeRO-1/2 flatten only the parameters
+    that require grad; DDP buckets only those)."""
+    return replace(x, psi=lo.adapters, largest_tensor=lo.largest_adapter, p=lo.adapter_bytes,
+                   autocast_acts=0.0)
+
+
+def first_step(moments: dict[str, Split], adam: Split) -> Split:
+    """The first step's peak: Adam's states appear only inside its optimizer step, so its
+    forward/backward holds everything but them (measured: fsdp's first step 834.9M =
+    its optimizer moment, below the steady backward's 991.2M)."""
+    d, h = moments["forward_backward"]
+    return larger(moments["optimizer_step"], (d - adam[0], h - adam[1]))
+
+
+def with_first_step(moments: dict[str, Split], adam_bytes: float,
+                    offloaded: bool) -> dict[str, Split]:
+    """`moments` and the first step's, from Adam's bytes per rank (on the host when
+    `offloaded`)."""
+    adam: Split = (0.0, adam_bytes) if offloaded else (adam_bytes, 0.0)
+    return {**moments, "first_step": first_step(moments, adam)}

@@ -1,0 +1,1 @@
+"""After training: INT8 quantization and chat."""

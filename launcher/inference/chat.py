@@ -1,0 +1,107 @@
+"""`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model.
+
+The prompt goes through the tokenizer's own chat template (`apply_chat_template` with the
+generation prompt). A tokenizer without one (the bundled tiny tokenizer) gets the built-in
+template the launcher trains conversations with (launcher/data/encode.py: "### Human:" /
+"### Assistant:" sections, bos first), with a one-line notice; models trained by ftl carry
+the template they learned in their tokenizer. Replies are greedy, so the
+same prompt always gives the same answer (what a before/after-quantization check needs).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+
+
+def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) from a plain HF directory or a quantized one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.inference.quantize import is_quantized_dir, load_quantized
+
+    check_causal_lm_dir(model_dir)
+    if is_quantized_dir(model_dir):
+        model = load_quantized(model_dir)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return model.eval(), tokenizer
+
+
+def check_causal_lm_dir(model_dir: Path) -> None:
+    """A directory with an HF config whose architecture is a causal LM."""
+    import json
+
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise ConfigError(
+            f"{model_dir}: no config.json, so not a model directory. Fix: pass the model/ "
+            "directory of a run (outputs/<run.name>/<timestamp>/model) or an ftl quantize "
+            "output."
+        )
+    architectures = json.loads(config.read_text()).get("architectures") or []
+    if not any(str(name).endswith("ForCausalLM") for name in architectures):
+        raise ConfigError(
+            f"{model_dir}: architectures {architectures} is not a causal language model. "
+            "Fix: pass a *ForCausalLM model directory."
+        )
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the conversation plus the assistant's turn opening."""
+    from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        _builtin_notice()
+        template = BUILTIN_CHAT_TEMPLATE
+    text = tokenizer.apply_chat_template(messages, chat_template=template,
+                                         add_generation_prompt=True, tokenize=False)
+    # The template writes bos itself when it wants one.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@cache
+def _builtin_notice() -> None:
+    """Once per process, not once per reply."""
+    print("ftl chat: the tokenizer has no chat template; using the built-in "
+          "'### Human: / ### Assistant:' template", file=sys.stderr)
+
+
+def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
+    """The model's greedy answer to the conversation."""
+    import torch
+
+    ids = torch.tensor([prompt_ids(tokenizer, messages)])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+            do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens: int) -> int:
+    """One answer for --prompt, else a loop reading prompts from stdin until EOF or /exit."""
+    if max_new_tokens <= 0:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens}: must be positive. Fix: e.g. 128.")
+    model, tokenizer = load_for_inference(model_dir)
+    messages = [{"role": "system", "content": system}] if system else []
+    if prompt is not None:
+        print(reply(model, tokenizer, [*messages, {"role": "user", "content": prompt}],
+                    max_new_tokens))
+        return 0
+    print("ftl chat: type a message (Ctrl-D or /exit to leave)", file=sys.stderr)
+    for line in sys.stdin:
+        if line.strip() == "/exit":
+            break
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        answer = reply(model, tokenizer, messages, max_new_tokens)
+        messages.append({"role": "assistant", "content": answer})
+        print(answer, flush=True)
+    return 0

@@ -1,0 +1,199 @@
+"""`ftl quantize MODEL_DIR -o OUT_DIR`: INT8 post-training quantization with its cost.
+
+Every Linear layer's weight is quantized (launcher/inference/quantize.py: absmax, zero-point or
+clipping, per tensor or per channel); embeddings and norms stay in full precision. The
+verb prints a per-layer table (scale, zero point, MSE, max abs error, clipped share), the
+eval perplexity before and after on the `dataset` group's eval split (the bundled one by
+default; the overrides pass the validation stage first), and the size on disk before and
+after. `--compare` runs every scheme at both granularities and ranks them by perplexity;
+it writes the best. On CPU the written directory is dequantized when loaded (`ftl chat`
+and `load_quantized` do that): the saving is on disk, not in compute.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
+EVAL_BATCH = 8
+SCHEMES = ("absmax", "zeropoint", "clip")
+GRANULARITIES = ("tensor", "channel")
+"""The verb's choices (launcher/inference/quantize.py implements them; a test checks they agree)."""
+
+
+@dataclass
+class Request:
+    model_dir: Path
+    out_dir: Path
+    scheme: str
+    granularity: str
+    clip_percentile: float | None
+    compare: bool
+    force: bool
+    overrides: list[str]
+
+
+def check_request(req: Request) -> RunConfig:
+    """Every problem with the request and its overrides in one ConfigError, before any work;
+    the overrides pass the validation stage as `ftl preprocess`'s (the config rules, the
+    data's sources and rows), since the verb reads the same data."""
+    from launcher.config.compose import compose_config
+    from launcher.config.validate import validate
+    from launcher.inference.chat import check_causal_lm_dir
+
+    problems, cfg = [], None
+    try:
+        check_causal_lm_dir(req.model_dir)
+    except ConfigError as error:
+        problems += error.problems
+    try:
+        cfg = validate(compose_config(req.overrides), "preprocess").cfg
+    except ConfigError as error:
+        problems += error.problems
+    if cfg is not None and not cfg.dataset.eval_path and cfg.dataset.eval_fraction == 0:
+        problems.append("dataset.eval_fraction=0 and no dataset.eval_path: the perplexity "
+                        "is measured on the eval split, and there is none. Fix: "
+                        "dataset.eval_fraction=0.05 or dataset.eval_path=FILE.")
+    if req.clip_percentile is not None and not 50 < req.clip_percentile < 100:
+        problems.append(
+            f"--clip-percentile {req.clip_percentile:g}: must be in (50, 100), the share of "
+            "weights kept unclipped. Fix: e.g. --clip-percentile 99.9, or leave it out to "
+            "search the threshold that minimises the error."
+        )
+    if req.out_dir.exists() and not req.force:
+        problems.append(
+            f"-o {req.out_dir}: already exists. Fix: another directory, or --force to replace it."
+        )
+    if req.out_dir.resolve() == req.model_dir.resolve():
+        problems.append(f"-o {req.out_dir}: is the input model. Fix: another directory.")
+    if problems:
+        raise ConfigError(problems)
+    assert cfg is not None
+    return cfg
+
+
+def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
+    """The `dataset` group's eval split, tokenized like training data, in batches."""
+    from launcher.data.loading import collator, encode, encoder_for, split_records
+
+    _, evaluation, source = split_records(cfg)
+    assert evaluation is not None  # check_request refuses a config without an eval split
+    encoder = encoder_for(cfg, tokenizer, evaluation.column_names)
+    rows = list(encode(evaluation, encoder, f"{source} (eval)", None, progress=False))
+    collate = collator(tokenizer)
+    return [collate(rows[i:i + EVAL_BATCH]) for i in range(0, len(rows), EVAL_BATCH)]
+
+
+def perplexity(model: Any, batches: list[dict[str, Any]]) -> float:
+    """exp(mean next-token NLL over the trained (unmasked) tokens)."""
+    import torch
+    import torch.nn.functional as F
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"],
+                           attention_mask=batch["attention_mask"]).logits.float()
+            labels = batch["labels"][:, 1:]
+            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                  labels.reshape(-1), ignore_index=-100, reduction="sum")
+            total += float(nll)
+            count += int((labels != -100).sum())
+    return math.exp(total / max(count, 1))
+
+
+def run_scheme(
+    model: Any, tokenizer: Any, batches: list[dict[str, Any]], scheme: str, granularity: str,
+    clip_percentile: float | None, out_dir: Path, source: Path,
+) -> dict[str, Any]:
+    """Quantize, write, load back (what a user will load) and measure."""
+    from launcher.inference.quantize import (
+        dir_size_bytes,
+        load_quantized,
+        quantize_model,
+        save_quantized,
+    )
+
+    quantized, rows = quantize_model(model, scheme, granularity, clip_percentile)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    meta = {"scheme": scheme, "granularity": granularity, "clip_percentile": clip_percentile,
+            "source": str(source)}
+    save_quantized(model, tokenizer, quantized, out_dir, meta)
+    loaded = load_quantized(out_dir)
+    sizes = [math.prod(r["shape"]) for r in rows]
+    return {"scheme": scheme, "granularity": granularity,
+            "mse": sum(r["mse"] * n for r, n in zip(rows, sizes, strict=True)) / sum(sizes),
+            "max_abs_error": max(r["max_abs_error"] for r in rows),
+            "perplexity": perplexity(loaded, batches), "size_bytes": dir_size_bytes(out_dir),
+            "layers": rows}
+
+
+def quantize(req: Request, as_json: bool) -> int:
+    """The verb: check, measure the baseline, quantize (one scheme or all), report."""
+    import json
+
+    from launcher.inference.chat import load_for_inference
+    from launcher.inference.quantize import dir_size_bytes
+
+    cfg = check_request(req)
+    model, tokenizer = load_for_inference(req.model_dir)
+    batches = eval_batches(cfg, tokenizer)
+    baseline = {"perplexity": perplexity(model, batches),
+                "size_bytes": dir_size_bytes(req.model_dir)}
+    combos = ([(s, g) for s in SCHEMES for g in GRANULARITIES] if req.compare
+              else [(req.scheme, req.granularity)])
+    staging = req.out_dir.parent / f".tmp-{req.out_dir.name}"
+    results = [run_scheme(model, tokenizer, batches, s, g, req.clip_percentile,
+                          staging / f"{s}-{g}", req.model_dir.resolve()) for s, g in combos]
+    results.sort(key=lambda r: r["perplexity"])
+    best = results[0]
+    if req.out_dir.exists():
+        shutil.rmtree(req.out_dir)
+    (staging / f"{best['scheme']}-{best['granularity']}").rename(req.out_dir)
+    shutil.rmtree(staging, ignore_errors=True)
+    if as_json:
+        schemes = [{k: v for k, v in r.items() if k != "layers"} for r in results]
+        print(json.dumps({"schemes": schemes, "baseline": baseline}, indent=2))
+        return 0
+    if not req.compare:
+        print(layer_table(best["layers"]))
+    print(summary_table(results, baseline))
+    print(f"wrote {req.out_dir} ({best['scheme']}, per {best['granularity']}); "
+          "embeddings and norms stay in full precision; loading dequantizes to float32 on "
+          f"CPU. Try it: ftl chat {req.out_dir}")
+    return 0
+
+
+def layer_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'layer':<44}{'scale':>10}{'zero pt':>9}{'mse':>11}{'max err':>10}"
+             f"{'clipped':>9}"]
+    for row in rows:
+        lines.append(
+            f"{row['layer']:<44}{row['scale']:>10.3g}{row['zero_point']:>9.1f}"
+            f"{row['mse']:>11.3e}{row['max_abs_error']:>10.3g}{row['clipped_share']:>9.2%}"
+        )
+    return "\n".join(lines)
+
+
+def summary_table(results: list[dict[str, Any]], baseline: dict[str, Any]) -> str:
+    """Ranked by perplexity; the baseline (unquantized) first."""
+    mib = 1024**2
+    lines = ["", f"  {'scheme':<11}{'per':<9}{'mse':>11}{'max err':>10}{'perplexity':>12}"
+                 f"{'size MiB':>10}",
+             f"  {'baseline':<11}{'-':<9}{'-':>11}{'-':>10}{baseline['perplexity']:>12.4f}"
+             f"{baseline['size_bytes'] / mib:>10.2f}"]
+    for rank, r in enumerate(results, start=1):
+        lines.append(
+            f"{rank} {r['scheme']:<11}{r['granularity']:<9}{r['mse']:>11.3e}"
+            f"{r['max_abs_error']:>10.3g}{r['perplexity']:>12.4f}{r['size_bytes'] / mib:>10.2f}"
+        )
+    return "\n".join(lines)

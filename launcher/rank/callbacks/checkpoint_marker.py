@@ -1,0 +1,49 @@
+"""A checkpoint counts once rank 0 has written its COMPLETE marker (launcher/rank/checkpoints.py),
+after every rank has finished its part; rank 0 also records the save's time and size."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from launcher.rank.callbacks.memory import peak_memory_mib
+from launcher.rank.checkpoints import barrier
+from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
+
+
+class CheckpointCallback(TrainerCallback):
+    """Marks a checkpoint COMPLETE once every rank has written its part, and rank 0 records
+    how long the save took in metrics.jsonl ({"event": "save", "seconds", "bytes"}): the
+    Trainer saves right after a step's end, log and eval, so the save ran from the last of
+    those to the marker. `ftl submit` compares it with the signal's grace time."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+
+    def _mark(self, *args: Any, **kw: Any) -> None:
+        self.since = time.monotonic()
+
+    on_step_end = on_log = on_evaluate = _mark
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        barrier()  # every rank has returned from its part of the save
+        if state.is_world_process_zero and checkpoint.is_dir():
+            write_complete_marker(checkpoint, state.global_step, args.world_size)
+            self._record(checkpoint, state.global_step)
+        barrier()  # nobody resumes or reads the marker before it exists
+
+    def _record(self, checkpoint: Path, step: int) -> None:
+        """Like every metrics.jsonl line: step, launch (the launches.jsonl line this
+        launch wrote at train begin), time, peak memory."""
+        run_dir = RunDir(checkpoint.parent.parent)  # the Trainer's output_dir: checkpoints/
+        size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+        seconds = round(time.monotonic() - self.since, 3)
+        run_dir.append_metrics(MetricsEvent(
+            step, run_dir.current_launch(), time.time(), "save",
+            {"seconds": seconds, "bytes": size}, round(peak_memory_mib(), 1)))

@@ -1,0 +1,151 @@
+"""Live metrics of each launch: its launches.jsonl record, every log event, its start-up
+and finish phases in metrics.jsonl, and each rank's peak at train end."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from launcher import timing
+from launcher.rank import memtrace
+from launcher.rank.callbacks.memory import peak_memory_mib
+from launcher.rundir import MetricsEvent, RankMetrics, RunDir
+
+
+class MetricsCallback(TrainerCallback):
+    """On every rank it adds tokens/s, achieved TFLOP/s, MFU (GPU only: a CPU has no
+    meaningful peak) and peak memory to the Trainer's log dict; installed first, so
+    TensorBoard records these with the loss. Rank 0 also appends the log to metrics.jsonl
+    and prints a one-line progress report (the worker turns tqdm off: bars from several
+    ranks, teed through the launcher, garble the console). At the end each rank writes its
+    peak memory to metrics/rank<R>.json.
+
+    Every launch (first start, requeue, `ftl train` again) is one launches.jsonl line and
+    each metrics line names its launch, so a resume is never mistaken for a restart.
+    At the end of each launch's first step rank 0 prints and records where its start-up
+    went ("startup"); the worker adds "finish" after the final eval and save
+    (launcher/timing.py)."""
+
+    def __init__(self, run_dir: RunDir, flops_per_token: float,
+                 peak_flops_per_device: float | None, resumed_from: str | None) -> None:
+        self.run_dir = run_dir
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops_per_device
+        self.resumed_from = resumed_from
+        self.launch = 0
+        self._last: tuple[float, int] | None = None
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        timing.mark("train_begin")
+        if not state.is_world_process_zero:
+            return
+        self.launch = self.run_dir.record_launch(
+            args.world_size, self.resumed_from, state.global_step).launch
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not logs:
+            return
+        self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
+        logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        if not state.is_world_process_zero:
+            return
+        values = {k: v for k, v in logs.items() if k != "peak_memory_mib"}
+        event = self._event("log", values, state, logs["peak_memory_mib"])
+        self.run_dir.append_metrics(event)
+        print(progress_line(event, state.max_steps), flush=True)
+
+    def _event(self, kind: str, values: dict[str, Any], state: TrainerState,
+               peak_mib: float) -> MetricsEvent:
+        return MetricsEvent(state.global_step, self.launch, time.time(), kind, values, peak_mib)
+
+    def record_phases(self, event: str, figures: dict[str, float], state: TrainerState) -> None:
+        """Rank 0: one metrics.jsonl line {"event": "startup"|"finish", event: {phase: s}}
+        (launcher/timing.py) and its console line."""
+        if not state.is_world_process_zero:
+            return
+        self.run_dir.append_metrics(
+            self._event(event, figures, state, round(peak_memory_mib(), 1)))
+        line = timing.startup_line if event == "startup" else timing.finish_line
+        print(line(figures), flush=True)
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if not timing.MARKS.has("first_step"):
+            timing.mark("first_eval")  # train.eval_on_start: before the first step
+        memtrace.rename("eval", only="steady")  # an eval between steps
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        memtrace.phase("steady" if timing.MARKS.has("first_step") else "first_step")
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        memtrace.rename("checkpoint")  # the gap after this step held a checkpoint save
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        memtrace.phase("steady")  # logging, eval, save until the next step: renamed if so
+        if state.global_step >= state.max_steps:
+            timing.mark("last_step")
+        if timing.MARKS.has("first_step"):
+            return
+        timing.mark("first_step")  # this launch's first step: its start-up is complete
+        self.record_phases("startup", timing.rank_startup(str(self.run_dir.path)), state)
+
+    def _add_throughput(self, logs: dict[str, Any], tokens: int, world_size: int) -> None:
+        """Since the previous log event that saw new tokens (all ranks together; the
+        Trainer's own train_tokens_per_second averages over the whole run)."""
+        now = time.time()
+        if self._last is not None and tokens > self._last[1] and now > self._last[0]:
+            tokens_per_s = (tokens - self._last[1]) / (now - self._last[0])
+            achieved = self.flops_per_token * tokens_per_s
+            logs["tokens_per_s"] = tokens_per_s
+            logs["tflops"] = achieved / 1e12
+            if self.peak_flops:
+                logs["mfu"] = achieved / (world_size * self.peak_flops)
+        if self._last is None or tokens > self._last[1]:
+            self._last = (now, tokens)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.run_dir.write_rank_metrics(RankMetrics(
+            args.process_index, round(peak_memory_mib(), 1),
+            int(state.num_input_tokens_seen or 0)))
+
+
+def record_finish(trainer: Any) -> None:
+    """After the final eval and save: their phases, like the start-up's (rank 0)."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, MetricsCallback):
+            callback.record_phases("finish", timing.finish(), trainer.state)
+
+
+PROGRESS = (("loss", "loss {:.4f}"), ("learning_rate", "lr {:.2e}"),
+            ("eval_loss", "eval_loss {:.4f}"), ("train_runtime", "training done in {:.1f} s"),
+            ("train_loss", "mean loss {:.4f}"), ("tokens_per_s", "{:.0f} tok/s"),
+            ("mfu", "MFU {:.1%}"))
+"""The progress line's fields, in order (train_*: only the end-of-training summary)."""
+
+
+def progress_line(event: MetricsEvent, max_steps: int) -> str:
+    """e.g. `[ftl] step 40/564  loss 3.1250  lr 2.00e-03  5210 tok/s  peak 512 MiB`."""
+    parts = [f"[ftl] step {event.step}/{max_steps}"]
+    parts += [form.format(event.values[key]) for key, form in PROGRESS if key in event.values]
+    parts.append(f"peak {event.peak_memory_mib:.0f} MiB")
+    return "  ".join(parts)

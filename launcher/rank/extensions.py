@@ -1,0 +1,144 @@
+"""DeepSpeed's JIT-built ops: one build cache per environment, built once, never waited on
+forever.
+
+DeepSpeed compiles its C++ ops (on CPU: the shared-memory all-reduce deepspeed_shm_comm,
+cpu_adam for offload, fused_adam) with torch.utils.cpp_extension on first use, into
+TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions/py311_cpu/<op>: one directory per
+user for every environment with that Python. The build.ninja written there names the
+environment's own include and library paths (…/.venv/lib/python3.11/site-packages/torch/
+include, …/deepspeed/ops/csrc/…), so two environments (a checkout and a CI clean clone, a
+bench venv) each see the other's build.ninja as changed and rebuild the op, 75 s mid-run
+on 2 cores; two ninja versions do the same within one environment (`use_own_ninja`). So
+the ranks use `<sys.prefix>/torch_extensions` (the environment's own, unless the user set
+TORCH_EXTENSIONS_DIR) with the environment's ninja, and `make ops` builds the CPU ops
+there once (`python -m launcher.rank.extensions`).
+
+A build holds `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) and every other
+process waits for that file to go, forever: a killed build leaves it behind. A rank checks
+first (`check_build_locks`) and stops with the file and the fix instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, MutableMapping
+from pathlib import Path
+
+ENV = "TORCH_EXTENSIONS_DIR"
+CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
+"""The DeepSpeed op builders a CPU machine loads: the shared-memory all-reduce (every
+DeepSpeed run) and DeepSpeedCPUAdam (a GPU preset's offload_optimizer file, as
+tests/unit/test_ds_config.py runs it). FusedAdam is left to first use: on CPU only a
+GPU-preset file without offload asks for it, and its CPU build is not the CUDA op a GPU
+run uses."""
+STALE_LOCK_S = 300.0
+"""A build lock this old with no build running on this host is taken for a killed build's
+(building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""
+
+
+def extensions_dir(environ: Mapping[str, str] = os.environ, prefix: str = sys.prefix) -> Path:
+    """The user's TORCH_EXTENSIONS_DIR, else this environment's own build cache."""
+    return Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
+
+
+def use_own_build_cache(environ: MutableMapping[str, str] = os.environ,
+                        prefix: str = sys.prefix) -> Path:
+    """Point torch's JIT builds at `extensions_dir`, built by this environment's own ninja
+    (before DeepSpeed builds or loads an op)."""
+    directory = extensions_dir(environ, prefix)
+    environ.setdefault(ENV, str(directory))
+    use_own_ninja(environ, prefix)
+    return directory
+
+
+def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
+    """torch runs whichever `ninja` PATH finds first. Two ninja versions (pip's in the
+    environment, 1.13 here, and a system one, Debian's 1.11) write incompatible build logs
+    (.ninja_log v7 and v5), and each takes the other's log for an unknown build and
+    rebuilds every object: a 60-160 s rebuild of the op each time a run whose PATH starts
+    with the environment's bin (a Slurm job script, an activated venv) follows one whose
+    PATH does not (`.venv/bin/ftl train` from a plain shell), measured in the ninja log of
+    one op directory during the suite. The environment's own ninja, where it has one, for
+    every build."""
+    bin_dir = Path(prefix) / "bin"
+    if not (bin_dir / "ninja").is_file():
+        return
+    path = environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != str(bin_dir):
+        environ["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), path]))
+
+
+def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_LOCK_S,
+                building: Iterable[Path] | None = None) -> list[Path]:
+    """The `<root>/<op>/lock` files older than `max_age_s` whose op nobody on this host is
+    building (a running build's compiler runs with its cwd in the op's directory)."""
+    now = time.time() if now is None else now
+    old = []
+    for lock in sorted(root.glob("*/lock")):
+        try:
+            if now - lock.stat().st_mtime > max_age_s:
+                old.append(lock)
+        except OSError:
+            continue  # the build just finished
+    if not old:  # every DeepSpeed rank asks at start-up: /proc is read only when it matters
+        return []
+    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
+    return [lock for lock in old if lock.parent.resolve() not in busy]
+
+
+def build_dirs_in_use() -> set[Path]:
+    """Working directories of this host's processes (those we may read): ninja and the
+    compiler run in the op's build directory."""
+    found = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            found.add(Path(os.readlink(proc / "cwd")))
+        except OSError:
+            continue
+    return found
+
+
+class StaleBuildLock(RuntimeError):
+    """A build lock no build holds any more."""
+
+
+def check_build_locks(root: Path) -> None:
+    """StaleBuildLock naming each stale build lock and the fix, instead of a silent wait."""
+    stale = stale_locks(root)
+    if not stale:
+        return
+    names = ", ".join(str(lock) for lock in stale)
+    raise StaleBuildLock(
+        f"DeepSpeed op build lock(s) left behind by a killed build: {names} (older than "
+        f"{STALE_LOCK_S:.0f} s, no build running on this host); every run would wait for "
+        f"them forever. Fix: make sure no build of that op runs on another node, then remove "
+        f"them (rm {' '.join(str(lock) for lock in stale)}) and launch again"
+    )
+
+
+def prebuild(builders: Iterable[str] = CPU_OPS) -> list[str]:
+    """Build (or find built) the ops CPU runs load, in this environment's build cache, so no
+    run pays the build; nothing on an accelerator other than the CPU."""
+    directory = use_own_build_cache()
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
+    check_build_locks(directory)
+    built = []
+    for name in builders:
+        builder = accelerator.create_op_builder(name)
+        if builder is not None and builder.is_compatible():
+            builder.load(verbose=False)
+            built.append(builder.name)
+    return built
+
+
+if __name__ == "__main__":
+    started = time.time()
+    ops = prebuild()
+    print(f"DeepSpeed ops in {extensions_dir()}: {', '.join(ops) or 'none (not a CPU build)'} "
+          f"({time.time() - started:.0f} s)")

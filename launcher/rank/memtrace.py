@@ -1,0 +1,328 @@
+"""Per-rank peak memory as live tensor bytes, per phase of a run.
+
+GPU: torch.cuda's allocator statistics (max_memory_allocated / max_memory_reserved, the
+peak reset at each phase boundary).
+
+CPU: torch 2.13 keeps no CPU allocator statistics (torch.cpu has none, torch.accelerator's
+are for accelerators only, and the profiler's memory events count only what is allocated
+while it profiles, on threads carrying its state, at the cost of recording every op). So
+the worker wraps torch's CPU allocator: COUNTING_ALLOCATOR_SOURCE, a few lines of C++
+compiled once with the system compiler against torch's own headers (~2 s, cached under
+FTL_CACHE_DIR or ~/.cache/ftlaunch) and loaded with ctypes, forwards every allocation to
+the allocator it replaces and keeps the live byte count and its high-water mark under one
+mutex: +0.06-0.09 us per allocation, nothing per op (a training step of the tiny
+Llama makes ~550 allocations: ~0.1 % of it; docs/memory-notes.md). It sees every CPU
+tensor storage made through c10's CPU allocator after `start` (parameters, gradients,
+optimizer states, activations, engine flat buffers and buckets, DDP's reducer buckets,
+gloo's output tensors); not memory from elsewhere (numpy arrays wrapped by from_numpy,
+mmap'ed files, Python objects, the libraries' own C++ heaps): RSS is recorded beside it.
+
+`start` once per process, before the model exists; `phase(name)` at each boundary; the
+summary goes to metrics/rank<R>.json. Without a compiler the CPU figure is None and only
+RSS is recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+COUNTING_ALLOCATOR_SOURCE = r"""
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+std::mutex mu;
+std::unordered_map<void*, size_t> sizes;
+int64_t current = 0, peak = 0;
+c10::Allocator* base = nullptr;
+c10::DeleterFnPtr base_delete = nullptr;
+
+void counted_delete(void* ptr) {
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    auto it = sizes.find(ptr);
+    if (it != sizes.end()) {
+      current -= static_cast<int64_t>(it->second);
+      sizes.erase(it);
+    }
+  }
+  base_delete(ptr);
+}
+
+struct CountingAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base->allocate(n);
+    void* ptr = inner.get();
+    if (ptr == nullptr) return inner;
+    inner.release_context();  // base's context is ptr itself: counted_delete frees it
+    {
+      std::lock_guard<std::mutex> guard(mu);
+      sizes[ptr] = n;
+      current += static_cast<int64_t>(n);
+      if (current > peak) peak = current;
+    }
+    return {ptr, ptr, &counted_delete, inner.device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+CountingAllocator counting;
+}  // namespace
+
+extern "C" {
+int ftl_install(void) {
+  if (base != nullptr) return 0;
+  c10::Allocator* previous = c10::GetCPUAllocator();
+  if (previous->raw_deleter() == nullptr) return -1;  // context != data: cannot wrap
+  base = previous;
+  base_delete = previous->raw_deleter();
+  c10::SetCPUAllocator(&counting, 100);
+  return c10::GetCPUAllocator() == &counting ? 0 : -2;
+}
+int64_t ftl_allocated(void) { std::lock_guard<std::mutex> g(mu); return current; }
+int64_t ftl_peak(void) { std::lock_guard<std::mutex> g(mu); return peak; }
+void ftl_reset_peak(void) { std::lock_guard<std::mutex> g(mu); peak = current; }
+}
+"""
+
+
+class MemtraceUnavailable(RuntimeError):
+    """The CPU counter cannot be built or installed here (no compiler, foreign allocator)."""
+
+
+class Tracker(Protocol):
+    """Live tensor bytes on this rank's device and their high-water mark since reset."""
+
+    def allocated(self) -> int: ...
+    def peak(self) -> int: ...
+    def reserved_peak(self) -> int | None: ...
+    def reset_peak(self) -> None: ...
+
+
+# ---------------------------------------------------------------- the CPU counter
+
+
+def cache_dir() -> Path:
+    from launcher.config.compose import cache_home
+
+    return cache_home()
+
+
+def library_path(torch_dir: Path, torch_version: str) -> Path:
+    """Where the compiled counter for this source and this torch lives."""
+    key = hashlib.sha256(
+        f"{COUNTING_ALLOCATOR_SOURCE}\0{torch_version}\0{torch_dir}".encode()
+    ).hexdigest()[:16]
+    return cache_dir() / "memtrace" / f"counting-{key}.so"
+
+
+def compile_command(source: Path, out: Path, torch_dir: Path, cxx11_abi: bool) -> list[str]:
+    compiler = os.environ.get("CXX", "c++")
+    lib = torch_dir / "lib"
+    return [compiler, "-O2", "-shared", "-fPIC", "-std=c++17",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f"-I{torch_dir / 'include'}",
+            str(source), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(out)]
+
+
+def build_library() -> Path:
+    """The counter's shared library: cached, or compiled now into the cache (written under
+    a temporary name and renamed, so ranks building at once never load a partial file)."""
+    import torch
+
+    torch_dir = Path(torch.__file__).parent
+    out = library_path(torch_dir, torch.__version__)
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        source, built = Path(tmp) / "counting.cpp", Path(tmp) / "counting.so"
+        source.write_text(COUNTING_ALLOCATOR_SOURCE)
+        cmd = compile_command(source, built, torch_dir, torch.compiled_with_cxx11_abi())
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MemtraceUnavailable(f"cannot compile the CPU memory counter: {exc}") from exc
+        if done.returncode != 0:
+            raise MemtraceUnavailable("cannot compile the CPU memory counter:\n"
+                                      + done.stderr[-2000:])
+        os.replace(built, out)
+    return out
+
+
+class CpuTracker:
+    """The counting allocator, installed as torch's CPU allocator for this process."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+
+    @classmethod
+    def install(cls) -> CpuTracker:
+        lib = ctypes.CDLL(str(build_library()))
+        lib.ftl_allocated.restype = ctypes.c_int64
+        lib.ftl_peak.restype = ctypes.c_int64
+        lib.ftl_reset_peak.restype = None
+        code = lib.ftl_install()
+        if code != 0:
+            raise MemtraceUnavailable(f"cannot install the CPU memory counter (code {code})")
+        return cls(lib)
+
+    def allocated(self) -> int:
+        return int(self.lib.ftl_allocated())
+
+    def peak(self) -> int:
+        return int(self.lib.ftl_peak())
+
+    def reserved_peak(self) -> int | None:
+        return None
+
+    def reset_peak(self) -> None:
+        self.lib.ftl_reset_peak()
+
+
+class CudaTracker:
+    """torch.cuda's own statistics for this rank's GPU (LOCAL_RANK, named explicitly: the
+    worker starts tracking before the process group sets the device, and a bare call would
+    open a context on GPU 0 in every rank)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MemtraceUnavailable("no CUDA device")
+        self.cuda = torch.cuda
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+    def allocated(self) -> int:
+        return int(self.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        return int(self.cuda.max_memory_allocated(self.device))
+
+    def reserved_peak(self) -> int | None:
+        return int(self.cuda.max_memory_reserved(self.device))
+
+    def reset_peak(self) -> None:
+        self.cuda.reset_peak_memory_stats(self.device)
+
+
+# ---------------------------------------------------------------- phases
+
+
+def rss_peak_bytes() -> int:
+    """This process's peak resident set so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class PhasePeaks:
+    """Peak live bytes per named phase: `phase(name)` closes the current phase (its peak
+    is kept, the maximum when a name recurs, e.g. every steady-state step) and opens the
+    next one with the high-water mark reset to what is live now. `rename(name)` re-labels
+    the open phase (the gap after a step becomes "checkpoint" once a save happened in it)."""
+
+    tracker: Tracker
+    current: str | None = None
+    peaks: dict[str, int] = field(default_factory=dict)
+    reserved: dict[str, int] = field(default_factory=dict)
+    rss: dict[str, int] = field(default_factory=dict)
+    """Process peak RSS at the end of each phase (cumulative: RSS has no reset)."""
+
+    def phase(self, name: str | None) -> None:
+        self._close()
+        self.current = name
+        self.tracker.reset_peak()
+
+    def rename(self, name: str, only: str | None = None) -> None:
+        """Re-label the open phase (when it is `only`, if given)."""
+        if self.current is not None and (only is None or self.current == only):
+            self.current = name
+
+    def _close(self) -> None:
+        if self.current is None:
+            return
+        name = self.current
+        self.peaks[name] = max(self.peaks.get(name, 0), self.tracker.peak())
+        reserved = self.tracker.reserved_peak()
+        if reserved is not None:
+            self.reserved[name] = max(self.reserved.get(name, 0), reserved)
+        self.rss[name] = rss_peak_bytes()
+
+    def summary(self) -> dict[str, Any]:
+        """Closes the open phase and returns the record for metrics/rank<R>.json."""
+        self.phase(None)
+        record: dict[str, Any] = {
+            "peak_bytes": max(self.peaks.values(), default=0),
+            "rss_peak_bytes": rss_peak_bytes(),
+            "phases": {name: {"peak_bytes": peak, "rss_peak_bytes": self.rss.get(name)}
+                       for name, peak in self.peaks.items()},
+        }
+        if self.reserved:
+            record["reserved_peak_bytes"] = max(self.reserved.values())
+            for name, reserved in self.reserved.items():
+                record["phases"][name]["reserved_peak_bytes"] = reserved
+        return record
+
+
+# ---------------------------------------------------------------- the process's tracer
+
+_PHASES: PhasePeaks | None = None
+_PROBLEM: str | None = None
+
+
+def start(on_cpu: bool, first_phase: str = "startup") -> PhasePeaks | None:
+    """Install this process's tracker (once; later calls return the same one) and open
+    `first_phase`. None, with `problem()` saying why, when live bytes cannot be measured:
+    the run then records RSS only."""
+    global _PHASES, _PROBLEM
+    if _PHASES is not None:
+        return _PHASES
+    try:
+        tracker: Tracker = CpuTracker.install() if on_cpu else CudaTracker()
+    except MemtraceUnavailable as exc:
+        _PROBLEM = str(exc)
+        print(f"[ftl] memory: live tensor bytes not measured ({exc})", file=sys.stderr)
+        return None
+    _PHASES = PhasePeaks(tracker)
+    _PHASES.phase(first_phase)
+    return _PHASES
+
+
+def phase(name: str) -> None:
+    """Open phase `name` (a no-op when nothing was started)."""
+    if _PHASES is not None:
+        _PHASES.phase(name)
+
+
+def rename(name: str, only: str | None = None) -> None:
+    if _PHASES is not None:
+        _PHASES.rename(name, only)
+
+
+def current() -> PhasePeaks | None:
+    return _PHASES
+
+
+def problem() -> str | None:
+    return _PROBLEM
+
+
+def summary() -> dict[str, Any]:
+    """The per-rank memory record; without a tracker only RSS (and why)."""
+    if _PHASES is None:
+        return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
+                "problem": _PROBLEM}
+    return _PHASES.summary()

@@ -1,0 +1,153 @@
+"""One rank's Trainer: distributed state, TrainingArguments from the run dir, callbacks.
+
+The CPU workarounds are the ones measured in docs/stack-notes.md; each says why where it is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from launcher.config.schema import RunConfig
+from launcher.engines import engine_of
+from launcher.rundir import RunDir
+
+
+def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
+    """Pre-configure accelerate where its own detection is wrong on CPU (the engine's
+    part); returns the TrainingArguments accelerator_config. On GPUs accelerate gets it
+    right."""
+    if on_cpu:
+        keep_freed_memory()
+    return engine_of(cfg.strategy).setup_distributed(on_cpu)
+
+
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+"""glibc's largest M_MMAP_THRESHOLD (64-bit): every allocation below it from the heap."""
+TRIM_THRESHOLD_BYTES = 64 * 2**20
+"""Freed heap kept for reuse before it is returned to the system (2x, as glibc's own rule)."""
+
+
+def keep_freed_memory() -> None:
+    """On CPU, keep the step's tensors' memory in the heap between steps (glibc malloc).
+
+    By default glibc serves allocations of 128 KiB and more with mmap and returns them on
+    free, unless the process happened to free a large block earlier, which raises that
+    threshold for good. Each training step then maps, page-faults and zeroes its
+    activations afresh: measured on the tiny Llama (2 CPU ranks), ~800 page faults and
+    ~3 ms of system time per ~35 ms step, about 10 % of the throughput, depending only on
+    which libraries the process had imported. Fixed thresholds make it deterministic. Not
+    glibc (no mallopt): nothing to do."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)
+    mallopt(m_trim_threshold, TRIM_THRESHOLD_BYTES)
+
+
+def training_arguments(
+    cfg: RunConfig, run_dir: RunDir, on_cpu: bool, accelerator_config: dict[str, Any],
+    resuming: bool, load_universal: bool = False,
+) -> Any:
+    from transformers import TrainingArguments
+
+    t, engine = cfg.train, engine_of(cfg.strategy)
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir.tensorboard))
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(run_dir.checkpoints),
+        per_device_train_batch_size=t.micro_batch_size,
+        per_device_eval_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        max_steps=t.max_steps,
+        num_train_epochs=t.epochs,
+        learning_rate=t.lr,
+        warmup_steps=t.warmup_ratio,  # transformers 5: a float < 1 is a ratio
+        lr_scheduler_type=t.lr_scheduler,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_epsilon,
+        max_grad_norm=t.max_grad_norm,
+        save_strategy="steps" if t.save_steps > 0 else "no",
+        save_steps=max(t.save_steps, 1),
+        save_total_limit=t.save_total_limit or None,
+        logging_steps=t.logging_steps,
+        eval_strategy="steps" if t.eval_steps > 0 else "no",
+        eval_steps=t.eval_steps if t.eval_steps > 0 else None,
+        # A resumed launch continues a run whose start was evaluated already.
+        eval_on_start=t.eval_on_start and not resuming,
+        seed=t.seed,
+        data_seed=t.seed,
+        activation_checkpointing=t.gradient_checkpointing,
+        bf16=cfg.precision.name == "bf16",
+        fp16=cfg.precision.name == "fp16",
+        report_to=["tensorboard"] if _has_tensorboard() else "none",
+        include_num_input_tokens_seen="all",
+        accelerator_config=accelerator_config or None,
+        ddp_find_unused_parameters=False,
+        disable_tqdm=True,  # MetricsCallback prints one progress line per log event
+    )
+    if on_cpu:
+        kwargs.update(
+            use_cpu=True,
+            ddp_backend="gloo",
+            optim="adamw_torch",
+            dataloader_pin_memory=False,  # pinning needs an accelerator
+        )
+    kwargs.update(engine.trainer_kwargs(cfg, run_dir, on_cpu, load_universal))
+    args = TrainingArguments(**kwargs)
+    engine.finish_arguments(args, cfg, on_cpu)
+    return args
+
+
+def _has_tensorboard() -> bool:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_trainer(
+    cfg: RunConfig, run_dir: RunDir, args: Any, model: Any, tokenizer: Any, datasets: tuple,
+    resume: str | None,
+) -> Any:
+    """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
+    from transformers import PrinterCallback, Trainer
+
+    from launcher.data.loading import collator
+    from launcher.rank.callbacks.checkpoint_marker import CheckpointCallback
+    from launcher.rank.callbacks.metrics import MetricsCallback
+    from launcher.rank.callbacks.tokens import TokenCounter
+    from launcher.rank.preempt import PreemptCallback
+
+    plan = run_dir.read_plan()
+    metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
+    train_ds, eval_ds = datasets
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=collator(tokenizer, packed=cfg.dataset.packing),
+        processing_class=tokenizer,
+        callbacks=[CheckpointCallback(), PreemptCallback(run_dir), *injected_callbacks(cfg)],
+    )
+    trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
+    TokenCounter.install(trainer)  # tokens seen without a collective per micro-batch
+    # First in line: the fields it adds to each log reach TensorBoard and metrics.jsonl.
+    trainer.callback_handler.callbacks.insert(0, metrics)
+    return trainer
+
+
+def injected_callbacks(cfg: RunConfig) -> list[Any]:
+    """train.callbacks: {_target_: module.Class, **kwargs} each, built like Hydra does."""
+    if not cfg.train.callbacks:
+        return []
+    from hydra.utils import instantiate
+
+    return [instantiate(dict(spec)) for spec in cfg.train.callbacks]

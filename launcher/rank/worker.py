@@ -1,0 +1,224 @@
+"""The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`.
+
+Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
+tokenizer -> data -> distributed state -> TrainingArguments -> model -> Trainer -> train
+(resuming from the last complete checkpoint) -> evaluate -> save -> result. What each file
+is and who writes it: launcher/rundir/. Nothing here exists for tests: they inject their
+probes through `train.callbacks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from launcher import timing
+from launcher.config.compose import to_run_config
+from launcher.config.hardware import gpu_preset
+from launcher.data.encode import adopt_chat_template
+from launcher.data.preprocess import rank_builds_data, rank_datasets
+from launcher.engines import engine_of
+from launcher.rank import memtrace
+from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
+from launcher.rank.model import apply_peft, build_model, load_tokenizer
+from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rundir import RunDir, RunResult
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m launcher.rank.worker RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = RunDir(Path(args[0]).resolve())
+    try:
+        train(run_dir)
+    except BaseException:
+        write_error(run_dir, traceback.format_exc())
+        raise
+    finally:
+        release_deepspeed_shm()
+    return 0
+
+
+def release_deepspeed_shm() -> None:
+    """DeepSpeed's CPU all-reduce (ops/csrc/cpu/comm/shm.cpp) creates one ~66 MB POSIX
+    shared-memory segment per rank, named after the user, MASTER_ADDR, MASTER_PORT and the
+    rank, and never unlinks it: /dev/shm is RAM, and 226 of them (15 GB) had piled up on
+    the test machine. Each rank removes its own when it leaves; a peer's mapping stays
+    valid until that peer exits. Nothing to do when DeepSpeed never created one."""
+    env = os.environ
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
+            f"{env.get('MASTER_PORT', '')}_{env.get('RANK', '0')}")
+    with contextlib.suppress(OSError):
+        (Path("/dev/shm") / name).unlink()
+
+
+def train(run_dir: RunDir) -> NoReturn:
+    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
+    engine = engine_of(cfg.strategy)
+    engine.prepare_rank(cfg)
+    rank = int(os.environ.get("RANK", "0"))
+    data_dir = Path(run_dir.read_plan().data_dir)
+    # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
+    timing.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
+    memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
+    quiet_progress_bars()
+    tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
+    # Before the process group exists: ranks waiting for rank 0's tokenization poll the
+    # disk, so no collective can time out however long it takes.
+    datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
+    timing.mark("data_loaded")
+    resume = resume_checkpoint(cfg.run.resume, run_dir)
+    load_from, universal = engine.resume_source(cfg, run_dir, resume)
+    accelerator_config = setup_distributed(cfg, on_cpu)
+    args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
+                              load_universal=universal)
+    timing.mark("args_ready")
+    # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
+    # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
+    memtrace.phase("model")
+    model = apply_peft(build_model(cfg, tokenizer), cfg)
+    timing.mark("model_built")
+    memtrace.phase("engine")  # the Trainer, the engine, up to the first step
+    resume_text = str(resume) if resume else None
+    trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
+    for callback in engine.callbacks(universal):
+        trainer.add_callback(callback)
+    timing.mark("trainer_built")
+    if resume is not None:
+        print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
+    start_step = _step_of(resume)
+    from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
+
+    stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop
+    trainer.train(resume_from_checkpoint=str(load_from) if load_from else None)
+    timing.mark("train_end")
+    if trainer.state.global_step < trainer.state.max_steps:
+        # Stopped early (preemption, a stop request): the last complete checkpoint is the
+        # state to continue from; the final eval and model belong to the finished run.
+        print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
+        finish()
+    memtrace.phase("final")  # final eval and the final model's save
+    final_eval = final_evaluation(trainer)
+    timing.mark("final_eval")
+    model_dir = save_final_model(
+        trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
+    )
+    timing.mark("saved")
+    from launcher.rank.callbacks.memory import record_memory
+    from launcher.rank.callbacks.metrics import record_finish
+
+    record_finish(trainer)
+    memory = record_memory(trainer, run_dir)  # every rank: a collective
+    result = collect_result(trainer, final_eval, resume_text, start_step, model_dir)
+    result["memory"] = memory
+    if trainer.is_world_process_zero():
+        run_dir.write_result(RunResult.from_dict(result))
+        print(f"[ftl] done: model saved to {model_dir}", flush=True)
+    finish()
+
+
+def quiet_progress_bars() -> None:
+    """Loading/saving bars from every rank garble the launcher's console; steps are
+    reported by MetricsCallback instead. (A rank that tokenizes turns off `datasets`' own
+    bars there, data.encode_splits; the others never import it.)"""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+BARRIER_STACKS_AFTER_S = 600.0
+"""A final barrier this long gets every thread's stack written to the rank's stderr."""
+
+
+def finish() -> NoReturn:
+    """Leave once every file is written: a barrier (every rank is done), this rank's
+    DeepSpeed shared memory, then os._exit from inside train(), whose trainer and model
+    are never freed and whose process group is never torn down (the kernel closes its
+    sockets).
+
+    Returning instead freed the trainer, and the last reference to DDP's reducer destroyed
+    its gloo process group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
+    destructor, under a Python dealloc) with result.json already written, the rank alive
+    and the run never ending. Interpreter teardown could also abort ("terminate called
+    without an active exception", docs/stack-notes.md). The barrier is not cut short: other
+    ranks may still be writing (rank 0 saving a large model); its stacks are written to
+    stderr if it lasts BARRIER_STACKS_AFTER_S."""
+    if dist.is_available() and dist.is_initialized():
+        faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
+        dist.barrier()
+        faulthandler.cancel_dump_traceback_later()
+    release_deepspeed_shm()
+    exit_now(0)
+
+
+def _step_of(checkpoint: Path | None) -> int:
+    return (checkpoint_step(checkpoint) or 0) if checkpoint is not None else 0
+
+
+def final_evaluation(trainer: Any) -> dict[str, float]:
+    """Eval metrics at the last step: the Trainer's own when eval_steps already ran one
+    there (it evaluates at the end of a step-based schedule), else one evaluate() now."""
+    if trainer.eval_dataset is None:
+        return {}
+    for entry in reversed(trainer.state.log_history):
+        if "eval_loss" in entry and entry.get("step") == trainer.state.global_step:
+            return entry
+    return trainer.evaluate()
+
+
+def collect_result(
+    trainer: Any, final_eval: dict[str, float], resume: str | None, start_step: int,
+    model_dir: Path,
+) -> dict[str, Any]:
+    """The finished run in a few numbers, for the user and `ftl status` (rank 0 writes it)."""
+    history = trainer.state.log_history
+    losses = [h["loss"] for h in history if "loss" in h]
+    evals = [h["eval_loss"] for h in history if "eval_loss" in h]
+    return {
+        "global_step": trainer.state.global_step,
+        "world_size": trainer.args.world_size,
+        "resumed_from": resume,
+        "start_step": start_step,
+        "first_train_loss": losses[0] if losses else None,
+        "final_train_loss": losses[-1] if losses else None,
+        "first_eval_loss": evals[0] if evals else None,
+        "final_eval_loss": final_eval.get("eval_loss"),
+        "tokens_seen": int(trainer.state.num_input_tokens_seen or 0),
+        "model_dir": str(model_dir),
+    }
+
+
+def write_error(run_dir: RunDir, text: str) -> None:
+    """logs/rank<R>.error: the launcher names the failed rank and points here."""
+    try:
+        run_dir.logs.mkdir(parents=True, exist_ok=True)
+        run_dir.rank_error(os.environ.get("RANK", "0")).write_text(text)
+    except OSError:
+        pass  # the traceback still reaches stderr via the re-raise
+
+
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown once everything is written and the process
+    group is destroyed: teardown can still abort ("terminate called without an active
+    exception", SIGABRT, seen with DeepSpeed on gloo even after barrier + destroy), which
+    would turn a finished run into a failed one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_now(main())

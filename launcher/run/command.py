@@ -1,0 +1,271 @@
+"""Pure launch-command builders: RunConfig + run dir -> (argv, env, hostfile text).
+
+Every rank runs `python -m launcher.rank.worker RUN_DIR`; this module only decides which launcher
+starts those ranks and with which flags. No I/O and no torch/deepspeed import, so `ftl plan`
+and `ftl submit --dry-run` stay fast.
+
+Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
+
+| launcher  | nodes | form                                                         | per_node |
+|-----------|-------|--------------------------------------------------------------|----------|
+| torchrun  | 1     | `--standalone` (rendezvous on a free local port)             | no       |
+| torchrun  | >1    | c10d rendezvous at HEAD:cluster.master_port                  | yes      |
+| deepspeed | 1     | `--num_gpus N` on localhost                                  | no       |
+| deepspeed | >1    | a scheduler (or node_rank given): `--no_ssh --node_rank R`   | yes      |
+| deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
+
+Per-node forms are started once on every node. Where the head node or the node rank is
+not known when the command is built (a Slurm job learns them at run time), the argv holds
+the shell placeholders `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}`, `Launch.shell_vars` names
+them, and `render_command` leaves exactly those for the shell to expand while quoting
+everything else. So the per-node shell (e.g. the Slurm task) must export both variables;
+callers that know the values pass `head_node=` / `node_rank=` and get plain literals.
+
+Per-rank logs land in RUN_DIR/logs (layouts measured with torch 2.13 / deepspeed 0.19.8):
+- torchrun: `logs/<rdzv id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log`,
+  and local rank 0 is also teed to the console with a `[default0]:` prefix. Multi-node runs
+  use `logs/node-<node rank>/...` so nodes sharing a file system do not mix local ranks.
+- deepspeed: `logs/<YYYYmmddHHMMSS>_rank<global rank>.log` (stdout+stderr together); the
+  console shows only the launcher's own lines.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.config.hardware import GPU_PRESETS
+from launcher.config.schema import RunConfig
+from launcher.rundir import HOSTFILE, LOGS
+
+WORKER_MODULE = "launcher.rank.worker"
+HEAD_NODE_VAR = "FTL_HEAD_NODE"
+NODE_RANK_VAR = "FTL_NODE_RANK"
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    """argv[0] is the bare tool name (torchrun | deepspeed); the caller resolves its path."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Only what the launcher adds; the caller merges it over its own environment."""
+    hostfile: str | None = None
+    """Text of a DeepSpeed hostfile the caller must write at the path given by --hostfile."""
+    per_node: bool = False
+    """True: start this same command once on every node (not once in total)."""
+    shell_vars: tuple[str, ...] = ()
+    """Variables the argv expects from the per-node shell (`${NAME}` in an element)."""
+
+
+def build_launch(
+    cfg: RunConfig,
+    run_dir: str,
+    *,
+    head_node: str | None = None,
+    node_rank: str | None = None,
+    hostfile_path: str | None = None,
+    hosts: Sequence[str] | None = None,
+) -> Launch:
+    """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank.
+
+    head_node / node_rank: literal values when known; omitted, per-node forms use the
+    `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholders. hostfile_path: where the caller
+    writes `Launch.hostfile` (default RUN_DIR/hostfile). hosts: real host names for a
+    generated hostfile (deepspeed multi-node).
+    """
+    cluster = cfg.cluster
+    if cluster.launcher == "torchrun":
+        if cluster.nodes == 1:
+            return _torchrun_single(cfg, run_dir)
+        return _torchrun_multi(cfg, run_dir, head_node, node_rank)
+    if cluster.launcher == "deepspeed":
+        if cluster.nodes == 1:
+            return _deepspeed_single(cfg, run_dir)
+        hostfile_path = hostfile_path or posixpath.join(run_dir, HOSTFILE)
+        if cluster.scheduler != "none" or node_rank is not None:
+            return _deepspeed_no_ssh(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
+        return _deepspeed_ssh(cfg, run_dir, head_node, hostfile_path, hosts)
+    raise ValueError(f"cluster.launcher={cluster.launcher}: rules.py admits no such launcher")
+
+
+def _torchrun_single(cfg: RunConfig, run_dir: str) -> Launch:
+    # --standalone picks a free port itself, so two local runs never collide on master_port.
+    argv = [
+        "torchrun", "--standalone", "--nnodes", "1",
+        "--nproc_per_node", str(cfg.cluster.gpus_per_node),
+        *_torchrun_logs(posixpath.join(run_dir, LOGS)),
+        *_program("--module", run_dir),
+    ]
+    return Launch(argv=argv, env=launch_env(cfg))
+
+
+def _torchrun_multi(
+    cfg: RunConfig, run_dir: str, head_node: str | None, node_rank: str | None
+) -> Launch:
+    head, rank, shell_vars = _per_node_values(head_node, node_rank)
+    cluster = cfg.cluster
+    argv = [
+        "torchrun", "--nnodes", str(cluster.nodes),
+        "--nproc_per_node", str(cluster.gpus_per_node),
+        "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", f"{head}:{cluster.master_port}",
+        # Same run dir -> same id, so a requeued job's nodes meet in the same rendezvous.
+        "--rdzv_id", rendezvous_id(run_dir),
+        *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{rank}")),
+        *_program("--module", run_dir),
+    ]
+    return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=shell_vars)
+
+
+def _torchrun_logs(log_dir: str) -> list[str]:
+    # Every local rank's stdout+stderr to files (-r 3); local rank 0 also to the console.
+    return ["--log_dir", log_dir, "--redirects", "3", "--tee", "0:3"]
+
+
+def _deepspeed_single(cfg: RunConfig, run_dir: str) -> Launch:
+    # --num_gpus always: on gpu=cpu the CPU accelerator reports one device.
+    argv = [
+        "deepspeed", "--num_gpus", str(cfg.cluster.gpus_per_node),
+        "--master_port", str(cfg.cluster.master_port),
+        *_deepspeed_common(run_dir),
+    ]
+    return Launch(argv=argv, env=launch_env(cfg))
+
+
+def _deepspeed_no_ssh(
+    cfg: RunConfig,
+    run_dir: str,
+    head_node: str | None,
+    node_rank: str | None,
+    hostfile_path: str,
+    hosts: Sequence[str] | None,
+) -> Launch:
+    """One `deepspeed --no_ssh` per node (Slurm starts one task per node)."""
+    head, rank, shell_vars = _per_node_values(head_node, node_rank)
+    cluster = cfg.cluster
+    argv = [
+        "deepspeed", "--hostfile", hostfile_path, "--no_ssh", "--node_rank", rank,
+        "--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node),
+        "--master_addr", head, "--master_port", str(cluster.master_port),
+        *_deepspeed_common(run_dir),
+    ]
+    # With --no_ssh deepspeed only counts the hostfile's lines (node_rank picks one) and never
+    # connects to the names, so placeholders are enough when the real hosts are not known.
+    names = list(hosts) if hosts else [f"node{index}" for index in range(cluster.nodes)]
+    return Launch(
+        argv=argv,
+        env=launch_env(cfg),
+        hostfile=hostfile_text(names, cluster.gpus_per_node),
+        per_node=True,
+        shell_vars=shell_vars,
+    )
+
+
+def _deepspeed_ssh(
+    cfg: RunConfig,
+    run_dir: str,
+    head_node: str | None,
+    hostfile_path: str,
+    hosts: Sequence[str] | None,
+) -> Launch:
+    """One `deepspeed` on this machine that starts every node over pdsh/ssh."""
+    cluster = cfg.cluster
+    hostfile: str | None = None
+    if cluster.hostfile:
+        hostfile_path = cluster.hostfile  # the user's own file: referenced, not rewritten
+    elif hosts:
+        hostfile = hostfile_text(list(hosts), cluster.gpus_per_node)
+    else:
+        raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
+                         "(rules.py checks it)")
+    head = head_node or (hosts[0] if hosts else None)
+    # Without --master_addr deepspeed asks the first host for `hostname -I` over ssh.
+    master_addr = ["--master_addr", head] if head else []
+    argv = [
+        "deepspeed", "--hostfile", hostfile_path,
+        "--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node),
+        *master_addr, "--master_port", str(cluster.master_port),
+        *_deepspeed_common(run_dir),
+    ]
+    return Launch(argv=argv, env=launch_env(cfg), hostfile=hostfile)
+
+
+def _deepspeed_common(run_dir: str) -> list[str]:
+    # --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
+    return [
+        "--no_local_rank",
+        "--enable_each_rank_log", posixpath.join(run_dir, LOGS),
+        *_program("--module", run_dir),
+    ]
+
+
+def _program(module_flag: str, run_dir: str) -> list[str]:
+    return [module_flag, WORKER_MODULE, run_dir]
+
+
+def _per_node_values(
+    head_node: str | None, node_rank: str | None
+) -> tuple[str, str, tuple[str, ...]]:
+    """Literal head/rank when given, else the shell placeholders the node's shell sets."""
+    shell_vars: list[str] = []
+    if head_node is None:
+        head_node = "${" + HEAD_NODE_VAR + "}"
+        shell_vars.append(HEAD_NODE_VAR)
+    if node_rank is None:
+        node_rank = "${" + NODE_RANK_VAR + "}"
+        shell_vars.append(NODE_RANK_VAR)
+    return head_node, node_rank, tuple(shell_vars)
+
+
+def launch_env(cfg: RunConfig) -> dict[str, str]:
+    """Variables the launcher adds; never a copy of the caller's environment (no secrets)."""
+    env = {
+        # Rank output goes to log files (a pipe/file makes Python block-buffer); unbuffered,
+        # the logs are live and keep the last lines when a rank dies or aborts at exit.
+        "PYTHONUNBUFFERED": "1",
+    }
+    preset = GPU_PRESETS.get(cfg.cluster.gpu)
+    if preset is not None and preset.is_cpu:
+        # CPU ranks share the cores: one OpenMP thread each avoids oversubscription.
+        # torchrun sets this itself; the deepspeed launcher does not.
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def hostfile_text(hosts: Sequence[str], slots: int) -> str:
+    """DeepSpeed (MPI-style) hostfile: one `host slots=N` line per node."""
+    return "".join(f"{host} slots={slots}\n" for host in hosts)
+
+
+def rendezvous_id(run_dir: str) -> str:
+    """Stable id from the run dir's last two parts (`<run name>/<time>`)."""
+    parts = [part for part in run_dir.split("/") if part][-2:]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(parts)) or "ftl"
+
+
+def quote_arg(arg: str, shell_vars: Sequence[str] = ()) -> str:
+    """shlex.quote, except `${NAME}` for NAME in shell_vars stays expandable ("${NAME}")."""
+    if not shell_vars:
+        return shlex.quote(arg)
+    names = "|".join(re.escape(name) for name in shell_vars)
+    pieces = re.split(r"(\$\{(?:" + names + r")\})", arg)
+    # re.split keeps the captured placeholders at odd indexes; the rest is literal text.
+    quoted = [
+        f'"{piece}"' if index % 2 else shlex.quote(piece)
+        for index, piece in enumerate(pieces)
+        if piece or len(pieces) == 1
+    ]
+    return "".join(quoted)
+
+
+def render_argv(argv: Sequence[str], shell_vars: Sequence[str] = ()) -> str:
+    return " ".join(quote_arg(arg, shell_vars) for arg in argv)
+
+
+def render_command(launch: Launch) -> str:
+    """One shell line: `KEY=VALUE ... tool args`, every element quoted for POSIX shells."""
+    env = [f"{key}={shlex.quote(value)}" for key, value in launch.env.items()]
+    return " ".join([*env, render_argv(launch.argv, launch.shell_vars)])

@@ -1,0 +1,151 @@
+"""The launch edge: compose -> validate -> plan -> the run dir on disk -> the local launcher
+subprocess. Every decision comes from the one validation stage and the pure planner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import timing
+from launcher.config.compose import compose_config
+from launcher.config.validate import Checked, Target, validate
+from launcher.rank.checkpoints import latest_complete_checkpoint
+from launcher.run.command import Launch
+from launcher.run.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
+from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
+from launcher.rundir import (
+    LAUNCH_SCRIPT,
+    RunDir,
+    job_script_name,
+    new_run_dir_path,
+    write_run_dir,
+)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    plan: Plan
+    run_dir: Path
+    launch: Launch
+    files: dict[str, str]
+    """Run-dir file name -> text."""
+    executable: tuple[str, ...]
+
+
+def check(overrides: list[str], target: Target, *, dry_run: bool = False) -> Checked:
+    """Compose and validate (every problem in one ConfigError); writes nothing."""
+    checked = validate(compose_config(overrides), target, dry_run=dry_run)
+    for warning in checked.warnings:
+        print(f"ftl: warning: {warning}", file=sys.stderr, flush=True)
+    timing.mark("validated")
+    return checked
+
+
+def prepare(overrides: list[str], target: Target) -> Prepared:
+    """Compose, validate, plan and (only if all is well) write the run dir."""
+    return write_run(check(overrides, target), overrides)
+
+
+def write_run(checked: Checked, overrides: list[str]) -> Prepared:
+    """The plan's run dir, written in one atomic step (with the job script for submit)."""
+    prepared = build_run(checked, overrides)
+    write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
+    return prepared
+
+
+def build_run(checked: Checked, overrides: list[str]) -> Prepared:
+    """The run dir's path and files, the job script's included; writes nothing."""
+    timing.mark("data_ready")  # `ftl train` prepares the tokenized data after check()
+    plan = make_plan(checked)
+    cfg = plan.cfg
+    run_dir = new_run_dir_path(cfg.run.output_dir, cfg.run.name).resolve()
+    launch = plan_launch(plan, run_dir)
+    files = run_dir_files(plan, launch, overrides)
+    executable = [LAUNCH_SCRIPT]
+    if checked.target == "submit":
+        from launcher.schedulers.base import get_scheduler
+
+        scheduler = get_scheduler(cfg.cluster.scheduler)
+        tool = Path(resolve_tool(launch.argv)[0])  # the venv's, else a bare name on PATH
+        script = job_script_name(scheduler.name)
+        files[script] = scheduler.render(
+            cfg, run_dir, launch, tool.parent if tool.is_absolute() else None
+        )
+        executable.append(script)
+    if plan.resume_from is not None:
+        print(f"ftl: run.resume={cfg.run.resume} continues from {plan.resume_from}",
+              file=sys.stderr)
+    return Prepared(plan, run_dir, launch, files, tuple(executable))
+
+
+def run_local(prepared: Prepared) -> int:
+    """Start the launcher and watch it (launcher/run/supervise.py: Ctrl-C and SIGTERM stop at a
+    step boundary after a checkpoint); on failure say which rank failed and where its log is.
+    Exit status: 0 finished, STOPPED_EXIT stopped and resumable, ABORTED_EXIT aborted."""
+    run_dir = RunDir(prepared.run_dir)
+    print(f"ftl train: run dir {run_dir.path} (per-rank logs in {run_dir.logs})", flush=True)
+    started = timing.process_start_time()
+    if started is not None:
+        timing.MARKS.mark(timing.FIRST_MARK, started)
+    timing.mark("spawn")
+    # The ranks report start-up from this process's start (launcher/timing.py).
+    env = {**os.environ, **prepared.launch.env,
+           **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
+    done = supervise(resolve_tool(prepared.launch.argv), env, run_dir)
+    if done.aborted:
+        print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "
+              "(if any) is where the same command resumes.", file=sys.stderr, flush=True)
+        return ABORTED_EXIT
+    if done.returncode == 0 and run_dir.result.is_file():
+        print(f"ftl train: done. Model: {run_dir.model}", flush=True)
+        return 0
+    if done.returncode == 0:
+        print(
+            "ftl train: stopped before the last step, after a complete checkpoint in "
+            f"{run_dir.checkpoints}; the same `ftl train` command again resumes from it "
+            f"(run.resume=auto). Exit status {STOPPED_EXIT}: stopped, resumable.",
+            flush=True,
+        )
+        return STOPPED_EXIT
+    print(failure_report(run_dir, done.returncode), file=sys.stderr)
+    return 1
+
+
+def failure_report(run_dir: RunDir, returncode: int) -> str:
+    errors = run_dir.rank_errors()
+    full = disk_full_line(run_dir)
+    if not errors:
+        return "\n".join(filter(None, [
+            f"ftl train: the launcher exited with code {returncode} and no rank reported an "
+            f"error (killed or crashed at start?). Logs: {run_dir.logs}", full]))
+    lines = [f"ftl train: the run failed (launcher exit code {returncode})."]
+    for rank, error_file in errors.items():
+        text = error_file.read_text().strip().splitlines()
+        lines.append(f"  rank {rank}: {text[-1] if text else '?'}  (traceback: {error_file})")
+    lines.append(f"  per-rank logs: {run_dir.logs}")
+    return "\n".join(filter(None, [*lines, full]))
+
+
+FULL_DISK_BYTES = 2**20
+"""Less free space than this after a failed run: the disk filled up (a save cannot finish,
+and a rank may not even have been able to write its error file)."""
+
+
+def disk_full_line(run_dir: RunDir) -> str | None:
+    """The clear error for a disk that filled during the run, naming the checkpoint that
+    stays the one to resume from (a half-written one has no COMPLETE marker)."""
+    try:
+        free = shutil.disk_usage(run_dir.path).free
+    except OSError:
+        return None
+    if free >= FULL_DISK_BYTES:
+        return None
+    kept = latest_complete_checkpoint(run_dir.checkpoints)
+    resume = (f"{kept} is complete and kept: the same command resumes from it"
+              if kept else "no complete checkpoint of this launch")
+    return (f"ftl train: the filesystem of {run_dir.path} is full ({free} bytes free): a "
+            f"save could not finish. {resume}. Fix: free space there (or set "
+            "train.save_total_limit / run.output_dir on a larger disk), then run again.")

@@ -1,0 +1,168 @@
+"""The plan: a validated RunConfig (strategy=auto resolved), its cost, the DeepSpeed or
+FSDP settings, and the text of every run-dir file. Pure: no I/O."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from launcher import rundir
+from launcher.config.schema import RunConfig
+from launcher.config.validate import Checked
+from launcher.engines import engine_of
+from launcher.run.command import Launch, build_launch, render_argv, render_command
+from launcher.rundir.records import PlanRecord
+
+
+@dataclass
+class Plan:
+    cfg: RunConfig
+    strategy_reasons: list[str] = field(default_factory=list)
+    estimate: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    """The engine's settings (ds_config, FSDP), written to RUN_DIR/`settings_file`."""
+    settings_file: str | None = None
+    resume_from: Path | None = None
+    data_dir: Path | None = None
+    flops_per_token: float = 0.0
+    peak_flops_per_device: float | None = None
+
+
+def make_plan(checked: Checked) -> Plan:
+    """What validation produced, turned into the strategy's settings and the cost figures."""
+    from launcher.estimator.flops import flops_per_token, peak_flops_per_device
+
+    cfg = checked.cfg
+    plan = Plan(
+        cfg=cfg,
+        strategy_reasons=checked.strategy_reasons,
+        estimate=_chosen_estimate(checked),
+        resume_from=checked.resume_from,
+        data_dir=checked.data_dir,
+        flops_per_token=flops_per_token(cfg),
+        peak_flops_per_device=peak_flops_per_device(cfg),
+    )
+    engine = engine_of(cfg.strategy)
+    plan.settings, plan.settings_file = engine.settings(cfg), engine.settings_file
+    return plan
+
+
+def _chosen_estimate(checked: Checked) -> dict[str, Any] | None:
+    from dataclasses import asdict
+
+    est = checked.estimate
+    row = est.row(checked.cfg.strategy.name) if est is not None else None
+    if est is None or row is None:
+        return None
+    return {**asdict(row), "params": est.params, "flops": est.flops}
+
+
+def plan_launch(plan: Plan, run_dir: Path) -> Launch:
+    hostfile = str(run_dir / rundir.HOSTFILE) if _needs_hostfile(plan.cfg) else None
+    return build_launch(plan.cfg, str(run_dir), hostfile_path=hostfile)
+
+
+def _needs_hostfile(cfg: RunConfig) -> bool:
+    return cfg.cluster.launcher == "deepspeed" and cfg.cluster.nodes > 1
+
+
+def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:
+    """Every file of the run dir, as text (the worker reads config.yaml and the settings)."""
+    files = {
+        rundir.CONFIG: OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
+        rundir.PLAN: _dump(plan_record(plan, launch, overrides).to_dict()),
+        rundir.LAUNCH_SCRIPT: launch_script(launch, overrides),
+    }
+    if plan.settings is not None and plan.settings_file is not None:
+        files[plan.settings_file] = _dump(plan.settings)
+    if launch.hostfile is not None:
+        files[rundir.HOSTFILE] = launch.hostfile
+    if plan.resume_from is not None:
+        files[rundir.RESUME_FROM] = f"{plan.resume_from}\n"
+    return files
+
+
+def plan_record(plan: Plan, launch: Launch, overrides: list[str]) -> PlanRecord:
+    """plan.json: what the ranks and `ftl report` read of the plan."""
+    cfg = plan.cfg
+    return PlanRecord(
+        overrides=overrides, strategy=cfg.strategy.name, strategy_reasons=plan.strategy_reasons,
+        world_size=cfg.world_size, nodes=cfg.cluster.nodes,
+        gpus_per_node=cfg.cluster.gpus_per_node, gpu=cfg.cluster.gpu,
+        precision=cfg.precision.name, estimate=plan.estimate,
+        flops_per_token=plan.flops_per_token, peak_flops_per_device=plan.peak_flops_per_device,
+        resume_from=str(plan.resume_from) if plan.resume_from else None,
+        data_dir=str(plan.data_dir) if plan.data_dir else None,
+        command=launch.argv, env=launch.env,
+    )
+
+
+def resolve_tool(argv: list[str]) -> list[str]:
+    """The torchrun/deepspeed beside this Python (the venv's), else whatever PATH has."""
+    tool = Path(sys.executable).parent / argv[0]
+    return [str(tool) if tool.exists() else argv[0], *argv[1:]]
+
+
+def launch_script(launch: Launch, overrides: list[str]) -> str:
+    """launch.sh: the exact command, runnable by hand from any directory."""
+    argv = resolve_tool(launch.argv)
+    needs = [f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# written by: ftl {shlex.join(overrides)}".rstrip(),
+        "set -euo pipefail",
+        *needs,
+        *(f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()),
+        f"exec {render_argv(argv, launch.shell_vars)} \"$@\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
+    """What `ftl plan` prints: config, strategy choice, estimate, settings, command."""
+    cfg = plan.cfg
+    parts = ["# resolved config", OmegaConf.to_yaml(OmegaConf.structured(cfg)).rstrip()]
+    parts += ["", f"# strategy: {cfg.strategy.name} ({cfg.strategy.backend})"]
+    parts += [f"#   {reason}" for reason in plan.strategy_reasons]
+    if plan.estimate:
+        parts += ["", "# estimate (per GPU)", _render_estimate(plan.estimate)]
+    if plan.settings is not None:
+        parts += ["", f"# {cfg.strategy.backend} settings ({plan.settings_file})",
+                  _dump(plan.settings).rstrip()]
+    parts += ["", f"# launch ({cfg.world_size} processes on {cfg.cluster.nodes} node(s))"]
+    if launch.per_node:
+        needed = " ".join(f"{name}=..." for name in launch.shell_vars)
+        parts.append(f"# run on every node, with {needed} set there (ftl submit does this):")
+    parts.append(render_command(launch))
+    if run_dir is not None:
+        parts += ["", f"# run dir: {run_dir}"]
+    return "\n".join(parts) + "\n"
+
+
+def _render_estimate(row: dict[str, Any]) -> str:
+    gib = 1024**3
+    fits = "fits" if row.get("fits") else "DOES NOT FIT"
+    text = (
+        f"gpu {row['gpu_bytes'] / gib:.2f} GiB (predicted peak {row['peak_bytes'] / gib:.2f} "
+        f"GiB of tensors, step {row['steady_bytes'] / gib:.2f} GiB; model states "
+        f"{row['model_state_gpu_bytes'] / gib:.2f} GiB), host {row['host_bytes'] / gib:.2f} GiB"
+        f" -> {fits}"
+    )
+    if row.get("est_seconds"):
+        text += f"; est. time {row['est_seconds'] / 3600:.2f} h"
+    if row.get("host_peak_bytes"):
+        text += f"\nhost tensors per rank up to {row['host_peak_bytes'] / gib:.2f} GiB"
+    if row.get("construction_above_training"):
+        text += "\nmodel construction peaks above training: " + (
+            f"{row['moments']['construction'] / gib:.2f} GiB")
+    return text
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,127 @@
+"""`ftl report RUN_DIR`: a PNG of loss, learning rate and tokens/s, and a summary that puts
+the plan's estimate beside what the run measured. Reads only the run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DataError
+from launcher.estimator.memory_report import memory_table
+from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
+
+GIB = 1024**3
+
+
+def load_history(run_dir: Path) -> list[MetricsEvent]:
+    if not RunDir(run_dir).metrics.is_file():
+        raise DataError(
+            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
+            "training (outputs/<run.name>/<timestamp>)."
+        )
+    return RunDir(run_dir).read_metrics()
+
+
+def series(history: list[MetricsEvent], key: str) -> tuple[list[float], list[float]]:
+    points = [(e.step, e.values[key]) for e in history if e.kind == "log" and key in e.values]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def draw_png(history: list[MetricsEvent], out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for key, label in (("loss", "train loss"), ("eval_loss", "eval loss")):
+        axes[0].plot(*series(history, key), marker="o", markersize=3, label=label)
+    axes[0].set_title("loss")
+    axes[0].legend()
+    lr_key = "learning_rate" if series(history, "learning_rate")[0] else "lr"
+    axes[1].plot(*series(history, lr_key), color="tab:green")
+    axes[1].set_title("learning rate")
+    axes[2].plot(*series(history, "tokens_per_s"), color="tab:red")
+    axes[2].set_title("tokens / s (all ranks)")
+    for axis in axes:
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
+    files = RunDir(run_dir)
+    plan = files.read_plan() if files.plan.is_file() else PlanRecord()
+    estimate = plan.estimate or {}
+    ranks = files.all_rank_metrics()
+    losses = series(history, "loss")[1]
+    evals = series(history, "eval_loss")[1]
+    lines = [f"run dir: {run_dir}", f"strategy: {plan.strategy}  "
+             f"world size: {plan.world_size}  gpu: {plan.gpu}"]
+    if losses:
+        lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
+    if evals:
+        lines.append(f"eval loss: {evals[0]:.4f} -> {evals[-1]:.4f}")
+    for key, label in (("tokens_per_s", "throughput, tokens/s"), ("tflops", "achieved TFLOP/s"),
+                       ("mfu", "MFU")):
+        values = series(history, key)[1]
+        if values:
+            lines.append(f"{label}: {sum(values) / len(values):.4g} (mean of {len(values)} logs)")
+    lines += _memory_lines(estimate, ranks)
+    lines += _time_lines(run_dir, history)
+    return "\n".join(lines)
+
+
+def _memory_lines(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
+    """The per-phase, per-rank table when the run recorded live tensor bytes and the plan
+    has per-moment predictions; else (older run dirs) the device totals."""
+    table = memory_table(estimate, ranks)
+    if table:
+        return table
+    lines = []
+    if estimate.get("gpu_bytes"):
+        lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
+    for rank in ranks:
+        lines.append(f"measured peak memory, rank {rank.rank}: "
+                     f"{rank.peak_memory_mib / 1024:.3f} GiB")
+    return lines
+
+
+def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
+    """Measured train time beside the estimator's time for the tokens the run really saw."""
+    final = [e.values for e in history if "train_loss" in e.values and "train_runtime" in e.values]
+    if not final:
+        return []
+    lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
+    tokens = final[-1].get("num_input_tokens_seen")
+    seconds = _estimated_seconds(run_dir, tokens) if tokens else None
+    if seconds is not None:
+        lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
+    return lines
+
+
+def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
+    """The estimator's time for the tokens the run saw (same rules as `ftl estimate`)."""
+    config = RunDir(run_dir).config
+    if not config.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import to_run_config
+    from launcher.estimator.flops import run_flops, run_seconds
+
+    cfg = to_run_config(OmegaConf.load(config))
+    return run_seconds(cfg, run_flops(cfg, tokens))
+
+
+def report(run_dir: Path) -> tuple[str, Path]:
+    """The summary text and the PNG's path."""
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: not a directory. Fix: pass a run dir from outputs/.")
+    history = load_history(run_dir)
+    png = draw_png(history, RunDir(run_dir).report_png, title=str(run_dir.name))
+    return summary(run_dir, history), png

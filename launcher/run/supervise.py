@@ -1,0 +1,121 @@
+"""`ftl train` watching its launcher: Ctrl-C and SIGTERM stop the ranks at a step boundary.
+
+The launcher (torchrun or deepspeed) runs in a session of its own, so the terminal's Ctrl-C
+and a SIGTERM to `ftl train`'s process group (a scheduler, a container runtime stopping
+its main process) reach `ftl train` only, never a launcher that would kill the ranks
+before they save (torchrun and the deepspeed launcher give their ranks 30 s, then SIGKILL).
+The first SIGINT or SIGTERM touches RUN_DIR/preempt.requested, which the ranks already poll
+(launcher/rank/preempt.py): they agree on a step, save one complete checkpoint, stop, and
+`ftl train` exits STOPPED_EXIT. A second signal kills the launcher and every rank at once
+(ABORTED_EXIT); the last complete checkpoint stays the one to resume from.
+
+If `ftl train` itself dies without a chance to forward anything (kill -9, the OOM killer, a
+closed terminal's SIGHUP), the kernel sends the launcher SIGTERM (PR_SET_PDEATHSIG, Linux):
+it forwards that to the ranks, whose own handlers save at the next step boundary and stop,
+instead of a run training on with nobody watching it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+
+import psutil
+
+from launcher.rundir import RunDir
+
+STOPPED_EXIT = 75
+"""Stopped after a complete checkpoint: the same command resumes (EX_TEMPFAIL, "try again")."""
+ABORTED_EXIT = 130
+"""Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass
+class Supervised:
+    returncode: int
+    stop_signal: str | None
+    """The signal that asked for a stop (None: the run was not asked to stop)."""
+    aborted: bool
+
+
+class StopForwarder:
+    """The signal handler: first signal -> stop request file; second -> kill everything."""
+
+    def __init__(self, run_dir: RunDir, child: subprocess.Popen[bytes]) -> None:
+        self.run_dir = run_dir
+        self.child = child
+        self.stop_signal: str | None = None
+        self.aborted = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_signal is None:
+            self.stop_signal = name
+            self.run_dir.preempt_requested.touch()
+            print(f"ftl train: {name}: the ranks save a checkpoint at the next step boundary "
+                  "and stop. Ctrl-C again aborts at once.", file=sys.stderr, flush=True)
+            return
+        if not self.aborted:
+            self.aborted = True
+            print(f"ftl train: {name} again: aborting", file=sys.stderr, flush=True)
+            kill_tree(self.child.pid)
+
+
+def kill_tree(pid: int) -> list[psutil.Process]:
+    """SIGKILL a process and all its descendants (listed first: a killed parent's children
+    are re-parented and could no longer be found); returns them, to wait for. torchrun
+    starts each rank in a session of its own, so a process-group kill would miss them."""
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return []
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return tree
+
+
+@contextmanager
+def handlers(forwarder: StopForwarder) -> Iterator[None]:
+    previous = {signum: signal.signal(signum, forwarder.handle) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def term_when_parent_dies(parent: int) -> Callable[[], None]:
+    """A preexec_fn: in the child, before exec, ask for SIGTERM when `parent` dies."""
+
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the request was in place
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> Supervised:
+    """Run the launcher in its own session until it exits, forwarding stop requests."""
+    child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                             preexec_fn=term_when_parent_dies(os.getpid()))
+    forwarder = StopForwarder(run_dir, child)
+    with handlers(forwarder):
+        returncode = child.wait()
+    return Supervised(returncode, forwarder.stop_signal, forwarder.aborted)

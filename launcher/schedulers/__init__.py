@@ -1,0 +1,1 @@
+"""Batch schedulers behind one seam (base.py): `ftl submit`, `ftl status`, `ftl cancel`."""

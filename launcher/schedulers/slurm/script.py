@@ -1,0 +1,313 @@
+"""The sbatch job script, as pure text (SlurmScheduler.render).
+
+The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
+requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
+head node from the allocation -> one srun task per node, each starting torchrun (c10d
+rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as `srun ... & wait`
+so the traps can run while training -> finished, cancelled, or requeue.
+
+Stopping (measured, docs/stack-notes.md): every stop is RUN_DIR/preempt.requested, which
+every rank polls at step ends (launcher/rank/preempt.py), whatever launcher sits between srun
+and the ranks. The ranks then agree, save a complete checkpoint, stop, and rank 0 writes
+RUN_DIR/preempted. Who touches the file:
+- the batch shell's traps: USR1 (`--signal=B:USR1@grace` before the time limit, `scancel
+  -b -s USR1`) and TERM/INT (a preemption, `scancel --full` / `--batch`). bash runs a trap
+  only when its foreground child exits, hence `& wait`;
+- each node's task, on a step's TERM/INT (`scancel -s TERM JOB`): the task runs its
+  launcher in a session of its own with TERM/INT ignored (and torchrun handling neither),
+  so the launcher cannot kill the ranks 30 s into their save; srun too runs in a session of
+  its own, since a TERM makes it kill the step;
+- rank 0 itself when a rank caught TERM/INT (proctrack/cgroup signals every process);
+- `ftl cancel` (launcher/schedulers/submit.py), which first writes RUN_DIR/cancel.requested.
+At the end the script exits 0 when the run finished; with cancel.requested it exits
+STOPPED_EXIT (75) after a complete checkpoint and never requeues; otherwise after a stop
+request it requeues (`scontrol requeue`, same job id) while SLURM_RESTART_COUNT <
+cluster.slurm.max_restarts. The rerun uses the same run dir, so the worker resumes from the
+latest complete checkpoint.
+
+Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
+not by a shell: it honours double quotes and backslash escapes (not single quotes) and
+treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
+are refused everywhere (rules.py: a newline would start a new script line). Secrets (HF_TOKEN,
+WANDB_API_KEY, ...) reach the job through the environment (sbatch's default --export=ALL)
+and are never written into the script.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from launcher.config.hardware import GPU_PRESETS
+from launcher.config.schema import RunConfig
+from launcher.rank.checkpoints import COMPLETE_MARKER
+from launcher.run.command import HEAD_NODE_VAR, NODE_RANK_VAR, Launch, quote_arg, render_argv
+from launcher.run.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
+from launcher.rundir import (
+    CANCEL_REQUESTED,
+    CHECKPOINTS,
+    LOGS,
+    PREEMPT_REQUESTED,
+    PREEMPTED,
+    RESULT,
+)
+
+RUN_DIR_VAR = "FTL_RUN_DIR"
+TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
+"""The signals torchrun's agent may handle in a job (PET_SIGNALS_TO_HANDLE): not TERM and
+INT, which would make it kill the ranks 30 s later; the ranks handle those themselves."""
+
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_./:%@+=,-]+$")
+
+
+def sbatch_quote(value: str) -> str:
+    """One value for an #SBATCH line: sbatch strips double quotes and backslash escapes."""
+    if _SBATCH_SAFE.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
+    """The #SBATCH lines, every value quoted for sbatch's own parser."""
+    cluster = cfg.cluster
+    # sbatch expands %j (the job id), %x, ... in --output: a literal % in the run dir is %%.
+    logs = str(Path(run_dir) / LOGS).replace("%", "%%")
+    pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
+    for flag, value in (
+        ("--partition", cluster.slurm.partition),
+        ("--account", cluster.slurm.account),
+        ("--qos", cluster.slurm.qos),
+    ):
+        if value:
+            pairs.append((flag, value))
+    pairs += [
+        ("--time", cluster.slurm.time),
+        ("--nodes", str(cluster.nodes)),
+        ("--ntasks-per-node", "1"),  # one launcher per node; it starts the node's ranks
+    ]
+    preset = GPU_PRESETS.get(cluster.gpu)
+    if preset is not None and not preset.is_cpu:
+        pairs.append(("--gpus-per-node", str(cluster.gpus_per_node)))
+    if cluster.slurm.cpus_per_task:
+        pairs.append(("--cpus-per-task", str(cluster.slurm.cpus_per_task)))
+    if cluster.slurm.mem:
+        pairs.append(("--mem", cluster.slurm.mem))
+    pairs += [
+        ("--output", f"{logs}/slurm-%j.out"),
+        ("--error", f"{logs}/slurm-%j.err"),
+        ("--open-mode", "append"),  # a requeued job keeps its earlier output
+        ("--requeue", None),
+        ("--signal", f"B:USR1@{cluster.slurm.signal_grace_s}"),
+    ]
+    lines = [f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={sbatch_quote(value)}"
+             for flag, value in pairs]
+    for extra in cluster.slurm.sbatch_extra:
+        lines.append("#SBATCH " + " ".join(sbatch_quote(token) for token in shlex.split(extra)))
+    return lines
+
+
+def render_sbatch(
+    cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
+) -> str:
+    """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
+
+    launch: the per-node command (launcher.run.planner.plan_launch). tool_dir: a directory
+    prepended to PATH (the submitting venv's bin, where torchrun and deepspeed live);
+    cluster.setup lines run after it and may replace it.
+    """
+    run_dir = str(run_dir)
+    q = shlex.quote
+    lines = ["#!/bin/bash", *sbatch_options(cfg, run_dir)]
+    lines += [
+        "",
+        "# Written by ftlaunch (`ftl submit`). Not `set -e`: the end decides on the exit code.",
+        "set -uo pipefail",
+        f"export {RUN_DIR_VAR}={q(run_dir)}",
+        *_start_lines(),
+        *_trap_lines(),
+    ]
+    if tool_dir is not None:
+        lines += ["", 'export PATH=' + q(str(tool_dir)) + ':"$PATH"']
+    if cfg.cluster.setup:
+        lines += ["", "# cluster.setup (run as written)", *cfg.cluster.setup]
+    lines += ["", *(f"export {key}={q(value)}" for key, value in launch.env.items())]
+    lines += _head_node_lines(cfg, launch, run_dir)
+    lines += ["", *_srun_lines(cfg, launch, run_dir), "", *_finish_lines(cfg)]
+    return "\n".join(lines) + "\n"
+
+
+def _start_lines() -> list[str]:
+    """Clear the previous start's stop request (a requeued job runs this again); honour an
+    `ftl cancel` that came before or while this runs (it writes cancel.requested first)."""
+    return [
+        f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
+        '    echo "ftl: cancelled by \\`ftl cancel\\` before this start; not training"',
+        f"    exit {STOPPED_EXIT}",
+        "fi",
+        f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
+    ]
+
+
+def _trap_lines() -> list[str]:
+    return [
+        "",
+        "# USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel",
+        "# --full` or `--batch`) and INT: ask the ranks to save a checkpoint at the next step",
+        "# boundary and stop; the end of this script requeues (not after `ftl cancel`).",
+        "ftl_preempt() {",
+        '    echo "ftl: $1 at $(date +%FT%T): checkpointing at the next step, then stopping"',
+        f'    touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
+        "}",
+        *(f"trap 'ftl_preempt {name}' {name}" for name in ("USR1", "TERM", "INT")),
+    ]
+
+
+def _head_node_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    lines = [
+        f'{HEAD_NODE_VAR}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+        f"export {HEAD_NODE_VAR}",
+    ]
+    hostfile = _hostfile_path(launch)
+    if hostfile is not None:
+        # deepspeed --no_ssh counts the hostfile's lines; written from the real node list.
+        slots = cfg.cluster.gpus_per_node
+        lines.append(
+            f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\\$/ slots={slots}/" '
+            f"> {quote_arg(_run_dir_var(hostfile, run_dir), (RUN_DIR_VAR,))}"
+        )
+    lines.append(
+        f'echo "ftl: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on '
+        f'$SLURM_JOB_NODELIST, head node ${HEAD_NODE_VAR}, run dir $FTL_RUN_DIR"'
+    )
+    return lines
+
+
+def _hostfile_path(launch: Launch) -> str | None:
+    if launch.hostfile is None or "--hostfile" not in launch.argv:
+        return None
+    return launch.argv[launch.argv.index("--hostfile") + 1]
+
+
+def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    nodes = cfg.cluster.nodes
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1"]
+    if cfg.cluster.slurm.cpus_per_task:
+        # Slurm 22.05 steps do not inherit the job's --cpus-per-task.
+        srun.append(f"--cpus-per-task={cfg.cluster.slurm.cpus_per_task}")
+    return [
+        "# One task per node: it starts this node's ranks (node rank = SLURM_NODEID).",
+        "# srun in a session of its own: a TERM to this script's process group (`scancel",
+        "# --full`) would make srun kill the step (\"forcing job termination\"), ignored or not.",
+        f"setsid {' '.join(srun)} \\",
+        f"    bash -c {shlex.quote(_per_node_script(cfg, launch, run_dir))} &",
+        "step=$!",
+        *_wait_lines("step"),
+    ]
+
+
+def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
+    """The srun task: start this node's launcher where a step's TERM/INT cannot reach it,
+    and turn those signals into the stop request the ranks poll (docs/stack-notes.md).
+
+    `scancel -s TERM JOB` signals the task's process group (proctrack/pgid) or every
+    process of the step (proctrack/cgroup). torchrun and the deepspeed launcher would
+    answer by killing the ranks 30 s later, whatever the ranks were saving. So the launcher
+    runs in a session of its own (setsid: out of the task's process group) with TERM and
+    INT ignored, and torchrun's agent handles neither (PET_SIGNALS_TO_HANDLE). The ranks
+    set their own handlers (launcher/rank/preempt.py); this shell touches preempt.requested.
+    Left open: under cgroup deepspeed's launch.py installs its own TERM/INT handlers and
+    still gives the ranks 30 s.
+    """
+    shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
+    argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
+    command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
+    exports = [f'{NODE_RANK_VAR}="$SLURM_NODEID"']
+    if cfg.cluster.launcher == "torchrun":
+        exports.append(f"PET_SIGNALS_TO_HANDLE={TORCHRUN_SIGNALS}")
+    lines = [
+        "",
+        f"export {' '.join(exports)}",
+        "ftl_stop() {",
+        f'    echo "ftl: node ${NODE_RANK_VAR}: $1: checkpointing at the next step, then stopping"',
+        f'    touch "${RUN_DIR_VAR}"/{PREEMPT_REQUESTED}',
+        "}",
+        'trap "ftl_stop TERM" TERM',
+        'trap "ftl_stop INT" INT',
+        f'(trap "" TERM INT; exec setsid {command}) &',
+        "launcher=$!",
+        *_wait_lines("launcher"),
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _wait_lines(pid_var: str) -> list[str]:
+    """Wait for a background child; a trap makes `wait` return early (status > 128), then
+    keep waiting. (bash runs a trap only between commands: hence `& wait`.)"""
+    return [
+        "# wait returns early (status > 128) when a trap ran; then keep waiting.",
+        "while :; do",
+        f'    rc=0; wait "${pid_var}" || rc=$?',
+        f'    if [ "$rc" -gt 128 ] && kill -0 "${pid_var}" 2>/dev/null; then continue; fi',
+        "    break",
+        "done",
+    ]
+
+
+def _run_dir_var(arg: str, run_dir: str) -> str:
+    """The run dir as ${FTL_RUN_DIR} in the per-node command: one quoted value in the
+    script (the export above) instead of nested quoting inside `bash -c '...'`."""
+    if arg == run_dir or arg.startswith(run_dir.rstrip("/") + "/"):
+        return "${" + RUN_DIR_VAR + "}" + arg[len(run_dir):]
+    return arg
+
+
+def _finish_lines(cfg: RunConfig) -> list[str]:
+    """Finished -> 0; `ftl cancel`ed -> STOPPED_EXIT, never requeued; stopped on a signal
+    -> requeue; anything else is a failure."""
+    max_restarts = cfg.cluster.slurm.max_restarts
+    return [
+        f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
+        '    echo "ftl: run finished (step exit code $rc)"',
+        '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
+        "    exit 0",
+        "fi",
+        f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
+        *_cancelled_lines(),
+        f'elif [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
+        "    restarts=${SLURM_RESTART_COUNT:-0}",
+        f'    if [ "$restarts" -lt {max_restarts} ]; then',
+        f'        echo "ftl: requeueing (restart $((restarts + 1)) of {max_restarts}); '
+        'the rerun resumes from the latest complete checkpoint (step exit code $rc)"',
+        '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        '        echo "ftl: scontrol requeue failed"',
+        "    else",
+        f'        echo "ftl: not requeueing: cluster.slurm.max_restarts={max_restarts} reached"',
+        "    fi",
+        "fi",
+        '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
+        'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
+        'exit "$rc"',
+    ]
+
+
+def _cancelled_lines() -> list[str]:
+    """`ftl cancel`: the stop is for good. Exit STOPPED_EXIT when the checkpoint of the step
+    rank 0 recorded in `preempted` is complete (its COMPLETE marker, launcher/rank/checkpoints.py),
+    whatever the launcher's own exit code."""
+    return [
+        f"    stop_step=$(sed -n 's/.*\"step\": *\\([0-9]*\\).*/\\1/p' "
+        f'"$FTL_RUN_DIR"/{PREEMPTED} 2>/dev/null)',
+        f'    if [ -n "$stop_step" ] && [ -e "$FTL_RUN_DIR"/{CHECKPOINTS}/checkpoint-"$stop_step"'
+        f"/{COMPLETE_MARKER} ]; then",
+        '        echo "ftl: cancelled by \\`ftl cancel\\` after a complete checkpoint (step '
+        f'$stop_step); not requeueing. Exit status {STOPPED_EXIT}: stopped, resumable"',
+        f"        exit {STOPPED_EXIT}",
+        "    fi",
+        '    echo "ftl: cancelled by \\`ftl cancel\\` without a new complete checkpoint; '
+        'not requeueing"',
+    ]

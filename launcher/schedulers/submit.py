@@ -1,0 +1,279 @@
+"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run] [-m]`,
+`ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID`.
+
+submit: compose + validate every job first (a sweep submits nothing unless every
+combination is valid), then per job: write the run dir with its job script in one atomic
+step (launch.write_run), submit it (not with --dry-run), record the job id, print job id,
+run dir and log paths. A bare `ftl submit` uses the default scheduler's cluster preset
+(launcher/schedulers/base.py). --dry-run prints the job script even where this machine could not
+hold the run (its checks become warnings).
+Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
+parser and BasicSweeper), one job per combination.
+
+cancel: a running job stops for good after a checkpoint: RUN_DIR/cancel.requested, then
+preempt.requested, which the ranks poll; the job script then exits STOPPED_EXIT (75)
+without requeueing. A pending job is cancelled by the scheduler.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import launcher.schedulers.base
+from launcher.errors import ConfigError
+from launcher.run.supervise import STOPPED_EXIT
+from launcher.rundir import RunDir, job_script_name, write_file_atomic, write_run_dir
+from launcher.schedulers.base import SCHEDULERS, JobInfo, Scheduler, get_scheduler
+
+if TYPE_CHECKING:
+    from launcher.config.validate import Checked
+    from launcher.run.launch import Prepared
+
+
+def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) -> int:
+    jobs = expand_sweep(overrides) if multirun else [list(overrides)]
+    jobs = [with_default_cluster(job) for job in jobs]
+    checked = check_jobs(jobs, dry_run)
+    for index, (job, job_checked) in enumerate(zip(jobs, checked, strict=True)):
+        if len(jobs) > 1:
+            print(f"# job {index + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
+        submit_checked(job_checked, job, dry_run)
+    return 0
+
+
+def with_default_cluster(overrides: list[str]) -> list[str]:
+    """`ftl submit` / `make submit` without a cluster= choice: the default scheduler's."""
+    chosen = any(o.split("=", 1)[0].lstrip("+~") == "cluster" for o in overrides if "=" in o)
+    default = launcher.schedulers.base.DEFAULT_SCHEDULER  # its preset: configs/cluster/<name>.yaml
+    return overrides if chosen else [f"cluster={default}", *overrides]
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Hydra multirun semantics: `a=1,2 b=x,y` -> 4 override lists (cartesian product)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as error:  # noqa: BLE001 - Hydra's parser raises its own types
+        raise ConfigError(f"{' '.join(overrides)}: not a valid Hydra sweep ({error}).") from None
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def check_jobs(jobs: list[list[str]], dry_run: bool = False) -> list[Checked]:
+    """Every problem of every job in one ConfigError, before anything is written."""
+    from launcher.run.launch import check
+
+    problems: list[str] = []
+    checked: list[Checked] = []
+    for job in jobs:
+        prefix = f"[{' '.join(job)}] " if len(jobs) > 1 else ""
+        try:
+            checked.append(check(job, "submit", dry_run=dry_run))
+        except ConfigError as error:
+            problems += [prefix + problem for problem in error.problems]
+    if problems:
+        raise ConfigError(problems)
+    return checked
+
+
+def _data_notice(checked: Checked) -> None:
+    """The job's rank 0 tokenizes when nobody has; say so, and how to do it here instead."""
+    from launcher.data.preprocess import read_prepared
+
+    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
+        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
+              "job will do it while the other ranks wait; `ftl preprocess` with the same "
+              "overrides does it here first.", file=sys.stderr)
+
+
+def submit_checked(
+    checked: Checked, overrides: list[str], dry_run: bool
+) -> tuple[Path, str | None]:
+    """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
+    from launcher.run.launch import build_run, write_run
+
+    _data_notice(checked)
+    scheduler = get_scheduler(checked.cfg.cluster.scheduler)
+    name = job_script_name(scheduler.name)
+    if dry_run:
+        return _dry_run(build_run(checked, overrides), name), None
+    run_dir = RunDir(write_run(checked, overrides).run_dir)
+    job_id = scheduler.submit(run_dir / name)
+    write_file_atomic(run_dir.job_id, job_id + "\n")
+    print(
+        f"ftl submit: job {job_id}\n"
+        f"  run dir: {run_dir.path}\n"
+        f"  script:  {run_dir / name}\n"
+        f"  logs:    {run_dir.logs} (the job's output and each rank's)\n"
+        f"  watch:   ftl status {job_id}    stop: ftl cancel {job_id}",
+        flush=True,
+    )
+    return run_dir.path, job_id
+
+
+def _dry_run(prepared: Prepared, name: str) -> Path:
+    """Print the job script; write the run dir where this machine can (`ftl status` then
+    reads it), and say so where it cannot: the script is what the user asked for."""
+    print(prepared.files[name], end="")
+    try:
+        write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
+    except OSError as error:
+        print(f"# dry run: not submitted; run dir not written here ({error})")
+    else:
+        print(f"# dry run: not submitted. run dir: {prepared.run_dir}\n"
+              f"# the job script: {prepared.run_dir / name}")
+    return prepared.run_dir
+
+
+# --- status and cancel -------------------------------------------------------------------
+
+
+def scheduler_of(run_dir: Path | None) -> Scheduler:
+    """The scheduler a run dir's config names; the default one for a bare job id."""
+    name = launcher.schedulers.base.DEFAULT_SCHEDULER
+    if run_dir is not None and RunDir(run_dir).config.is_file():
+        from omegaconf import OmegaConf
+
+        name = str(OmegaConf.load(RunDir(run_dir).config).cluster.get("scheduler", name))
+    if name not in SCHEDULERS:
+        raise ConfigError(f"{run_dir}: cluster.scheduler={name} is not a batch scheduler; "
+                          "this run was not submitted. Fix: `ftl report RUN_DIR`.")
+    return get_scheduler(name)
+
+
+def resolve_target(target: str) -> tuple[str | None, Path | None, JobInfo | None]:
+    """RUN_DIR or JOBID -> (job id, run dir, what the scheduler says), None where unknown."""
+    path = Path(target)
+    if path.is_dir():
+        id_file = RunDir(path).job_id
+        job_id = id_file.read_text().strip() if id_file.is_file() else None
+        info = scheduler_of(path).status(job_id) if job_id else None
+        return job_id or None, path.resolve(), info
+    scheduler = scheduler_of(None)
+    if scheduler.is_job_id(target):
+        info = scheduler.status(target)
+        run_dir = info.script.parent if info and info.script else None
+        return target, run_dir, info
+    raise ConfigError(
+        f"{target}: neither a run directory nor a job id. "
+        "Fix: `ftl status outputs/<name>/<time>` or `ftl status <JOBID>`."
+    )
+
+
+def status(target: str) -> int:
+    job_id, run_dir, info = resolve_target(target)
+    if info is None and run_dir is None:
+        raise ConfigError(
+            f"job {job_id}: the scheduler does not know it (a wrong id, or it ended a while "
+            "ago: schedulers keep ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
+            "also reads the run's own state."
+        )
+    lines: list[str] = []
+    if info is not None:
+        lines.append(
+            f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
+            f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})"
+        )
+    elif job_id is not None:
+        lines.append(f"job {job_id}: no longer known to the scheduler (it keeps ended jobs "
+                     "briefly)")
+    else:
+        lines.append("job: none recorded (not submitted, or a dry run)")
+    if run_dir is None:
+        lines.append("run dir: unknown (the job was not submitted by `ftl submit`)")
+    else:
+        lines += run_dir_lines(RunDir(run_dir))
+    print("\n".join(lines))
+    return 0
+
+
+def run_dir_lines(run_dir: RunDir) -> list[str]:
+    """What the run dir says: finished / preempted / progress, checkpoint, logs."""
+    from launcher.rank.checkpoints import latest_complete_checkpoint
+
+    lines = [f"run dir: {run_dir.path}"]
+    result = run_dir.read_result()
+    if result is not None and run_dir.is_finished():
+        lines.append(
+            f"run: finished at step {result.global_step} (final train loss "
+            f"{result.final_train_loss}, world size {result.world_size}); model: "
+            f"{result.model_dir}"
+        )
+    elif run_dir.cancel_requested.exists():
+        lines.append(_cancelled_line(run_dir))
+    elif run_dir.preempted.exists():
+        stopped = run_dir.read_preempted()
+        step = stopped.step if stopped else None
+        lines.append(f"run: stopped for preemption at step {step}; requeued")
+    else:
+        lines.append(f"run: {_progress(run_dir)}")
+    checkpoint = latest_complete_checkpoint(run_dir.checkpoints)
+    lines.append(f"latest complete checkpoint: {checkpoint or 'none yet'}")
+    lines.append(f"logs: {run_dir.logs}")
+    return lines
+
+
+def _cancelled_line(run_dir: RunDir) -> str:
+    stopped = run_dir.read_preempted()
+    if stopped is None:
+        return (f"run: stopping (`ftl cancel`): the ranks save a checkpoint at the next step "
+                f"boundary; {_progress(run_dir)}")
+    return (f"run: stopped by `ftl cancel` at step {stopped.step}, not requeued; the "
+            "same `ftl submit` command resumes from the latest complete checkpoint "
+            "(run.resume=auto)")
+
+
+def _progress(run_dir: RunDir) -> str:
+    events = run_dir.read_metrics()
+    if not events:
+        return "not started yet (or no step logged)"
+    return f"running, step {events[-1].step}" + _max_steps_suffix(run_dir)
+
+
+def _max_steps_suffix(run_dir: RunDir) -> str:
+    from omegaconf import OmegaConf
+
+    try:
+        max_steps = int(OmegaConf.load(run_dir.config).train.max_steps)
+    except Exception:  # noqa: BLE001 - a missing/odd config only loses the "of N"
+        return ""
+    return f" of {max_steps}" if max_steps > 0 else ""
+
+
+def cancel(target: str) -> int:
+    """A running job: stop for good after a checkpoint (request_stop). Otherwise (pending,
+    or its run dir unknown): the scheduler's own cancel."""
+    job_id, run_dir, info = resolve_target(target)
+    if job_id is None:
+        raise ConfigError(f"{target}: no job recorded for this run dir (a dry run?).")
+    scheduler = scheduler_of(run_dir)
+    if info is not None and info.running and run_dir is not None:
+        request_stop(RunDir(run_dir))
+        print(
+            f"ftl cancel: job {job_id} is running: its ranks save a checkpoint at the next "
+            "step boundary and stop; the job then ends with exit status "
+            f"{STOPPED_EXIT} (stopped, resumable) and is not requeued.\n"
+            f"  run dir: {run_dir}\n"
+            f"  watch:   ftl status {job_id}\n"
+            f"  to end it now, without waiting for the checkpoint: "
+            f"{scheduler.cancel_command(job_id)}",
+            flush=True,
+        )
+        return 0
+    scheduler.cancel(job_id)
+    where = f" (run dir {run_dir})" if run_dir else ""
+    state = f" ({info.state})" if info is not None else ""
+    print(f"ftl cancel: cancelled job {job_id}{state}{where}", flush=True)
+    return 0
+
+
+def request_stop(run_dir: RunDir) -> None:
+    """cancel.requested first, then preempt.requested: a job script that starts meanwhile
+    clears preempt.requested but then sees cancel.requested (launcher/schedulers/base.py)."""
+    write_file_atomic(run_dir.cancel_requested, f"{time.time()}\n")
+    run_dir.preempt_requested.touch()
