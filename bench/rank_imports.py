@@ -1,4 +1,4 @@
-"""Per-rank import phase: CPU seconds (user+sys) and wall of timing.import_stack, as a rank
+"""Per-rank import phase: CPU seconds (user+sys) and wall of imports.import_stack, as a rank
 that does not tokenize runs it, and which heavy modules it loaded.
 Usage (from a checkout): python bench/rank_imports.py [overrides...]"""
 
@@ -9,8 +9,8 @@ import time
 
 sys.path.insert(0, os.getcwd())  # the checkout's launcher (main or a worktree)
 import launcher.rank.worker  # noqa: E402,F401 - what a rank has imported before import_stack
-from launcher import timing  # noqa: E402
 from launcher.config.compose import compose_config  # noqa: E402
+from launcher.rank import imports  # noqa: E402
 
 WATCH = ("datasets", "pandas", "peft", "bitsandbytes", "deepspeed", "torch._dynamo",
          "torch.distributed.tensor", "torch._inductor.compile_fx")
@@ -24,8 +24,8 @@ def cpu_s() -> float:
 cfg = compose_config(sys.argv[1:])
 cpu0, wall0 = cpu_s(), time.time()
 try:
-    timing.import_stack(cfg, builds_data=False)
+    imports.import_stack(cfg, builds_data=False)
 except TypeError:  # before this change: import_stack(cfg)
-    timing.import_stack(cfg)
+    imports.import_stack(cfg)
 loaded = [m for m in WATCH if sys.modules.get(m)]
 print(f"cpu {cpu_s() - cpu0:.2f} wall {time.time() - wall0:.2f} {loaded}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.schema import RunConfig
+from launcher.schedulers.base import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
@@ -34,15 +35,17 @@ def local_launch_problems(cfg: RunConfig) -> list[str]:
     if cluster.nodes > 1 and cluster.launcher != "deepspeed":
         problems.append(
             f"cluster.nodes={cluster.nodes} with cluster={cluster.name}: a local run uses this "
-            "machine only. Fix: cluster.nodes=1, `ftl submit cluster=slurm cluster.nodes="
-            f"{cluster.nodes}`, or cluster.launcher=deepspeed with cluster.hostfile=PATH."
+            f"machine only. Fix: cluster.nodes=1, `ftl submit cluster={DEFAULT_SCHEDULER} "
+            f"cluster.nodes={cluster.nodes}`, or cluster.launcher=deepspeed with "
+            "cluster.hostfile=PATH."
         )
     elif cluster.nodes > 1 and cluster.hostfile:
         problems += hostfile_problems(cluster.hostfile, cluster.nodes)
     if cluster.gpu != "cpu" and shutil.which("nvidia-smi") is None:
         problems.append(
             f"cluster.gpu={cluster.gpu}: this machine has no NVIDIA GPU. Fix: "
-            "cluster.gpu=cpu to train here, or `ftl submit cluster=slurm ...` on a GPU cluster."
+            f"cluster.gpu=cpu to train here, or `ftl submit cluster={DEFAULT_SCHEDULER} ...` on a "
+            "GPU cluster."
         )
     return problems + missing_sources(cfg) + unreadable_data(cfg)
 

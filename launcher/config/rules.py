@@ -18,7 +18,7 @@ from launcher.config.strategies import strategy_table
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
-from launcher.schedulers.base import SCHEDULERS
+from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": PRECISIONS,
@@ -256,7 +256,8 @@ def _multi_node(cfg: RunConfig) -> list[str]:
     return [
         f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
         f"cluster={cluster.name}: deepspeed needs a hostfile naming the nodes. "
-        "Fix: cluster.hostfile=PATH (lines like `worker-1 slots=8`), or cluster=slurm."
+        "Fix: cluster.hostfile=PATH (lines like `worker-1 slots=8`), or "
+        f"cluster={DEFAULT_SCHEDULER}."
     ]
 
 

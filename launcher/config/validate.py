@@ -138,9 +138,10 @@ def _fit_problems(checked: Checked) -> list[str]:
     row = est.row(cfg.strategy.name) if est is not None else None
     if row is None or row.fits or cfg.run.force:
         return []
-    gib = row.gpu_bytes / 1024**3
-    return [
-        f"strategy={cfg.strategy.name}: the plan needs {gib:.1f} GiB per device, more than "
-        f"cluster.gpu={cfg.cluster.gpu} has. Fix: see `ftl estimate` for a strategy that "
-        "fits (or strategy=auto), peft=lora, more GPUs, or run.force=true to try anyway."
+    from launcher.estimator.auto import rejection
+
+    return [  # the same verdict strategy=auto gives each rung it passes over
+        f"strategy={cfg.strategy.name}: {rejection(cfg, row)}. Fix: see `ftl estimate` for "
+        "a strategy that fits (or strategy=auto), peft=lora, more GPUs, or run.force=true to "
+        "try anyway."
     ]

@@ -27,7 +27,7 @@ from launcher.config.hardware import gpu_preset
 from launcher.data.encode import adopt_chat_template
 from launcher.data.preprocess import rank_builds_data, rank_datasets
 from launcher.engines import engine_of
-from launcher.rank import memtrace
+from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
@@ -71,7 +71,7 @@ def train(run_dir: RunDir) -> NoReturn:
     rank = int(os.environ.get("RANK", "0"))
     data_dir = Path(run_dir.read_plan().data_dir)
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
-    timing.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
+    imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
     quiet_progress_bars()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
@@ -121,10 +121,9 @@ def train(run_dir: RunDir) -> NoReturn:
 
     record_finish(trainer)
     memory = record_memory(trainer, run_dir)  # every rank: a collective
-    result = collect_result(trainer, final_eval, resume_text, start_step, model_dir)
-    result["memory"] = memory
+    result = collect_result(trainer, final_eval, resume_text, start_step, model_dir, memory)
     if trainer.is_world_process_zero():
-        run_dir.write_result(RunResult.from_dict(result))
+        run_dir.write_result(result)
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     finish()
 
@@ -180,24 +179,22 @@ def final_evaluation(trainer: Any) -> dict[str, float]:
 
 def collect_result(
     trainer: Any, final_eval: dict[str, float], resume: str | None, start_step: int,
-    model_dir: Path,
-) -> dict[str, Any]:
+    model_dir: Path, memory: dict[str, Any] | None,
+) -> RunResult:
     """The finished run in a few numbers, for the user and `ftl status` (rank 0 writes it)."""
     history = trainer.state.log_history
     losses = [h["loss"] for h in history if "loss" in h]
     evals = [h["eval_loss"] for h in history if "eval_loss" in h]
-    return {
-        "global_step": trainer.state.global_step,
-        "world_size": trainer.args.world_size,
-        "resumed_from": resume,
-        "start_step": start_step,
-        "first_train_loss": losses[0] if losses else None,
-        "final_train_loss": losses[-1] if losses else None,
-        "first_eval_loss": evals[0] if evals else None,
-        "final_eval_loss": final_eval.get("eval_loss"),
-        "tokens_seen": int(trainer.state.num_input_tokens_seen or 0),
-        "model_dir": str(model_dir),
-    }
+    return RunResult(
+        global_step=trainer.state.global_step, world_size=trainer.args.world_size,
+        resumed_from=resume, start_step=start_step,
+        first_train_loss=losses[0] if losses else None,
+        final_train_loss=losses[-1] if losses else None,
+        first_eval_loss=evals[0] if evals else None,
+        final_eval_loss=final_eval.get("eval_loss"),
+        tokens_seen=int(trainer.state.num_input_tokens_seen or 0),
+        model_dir=str(model_dir), memory=memory,
+    )
 
 
 def write_error(run_dir: RunDir, text: str) -> None:

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from launcher import timing
+from launcher.rank import imports
 
 
 def test_phases_run_from_the_latest_earlier_mark() -> None:
@@ -85,7 +86,7 @@ def test_libraries_a_run_does_not_use(tmp_path) -> None:
     from launcher.config.compose import compose_config
 
     def hidden(*overrides: str) -> tuple[str, ...]:
-        return timing.unused_libraries(compose_config(list(overrides)))
+        return imports.unused_libraries(compose_config(list(overrides)))
 
     ddp = ("peft", "bitsandbytes", "deepspeed", "datasets")
     assert hidden() == ddp  # tiny model from config, ddp, a rank that does not tokenize
@@ -111,7 +112,7 @@ def test_libraries_a_run_does_not_use(tmp_path) -> None:
     assert hidden(f"model.path={adapter}") == ("deepspeed", "datasets")
     assert hidden("model.path=org/some-hub-model") == ("deepspeed", "datasets")  # not inspected
     # rank 0 tokenizing (no finished data yet) needs `datasets`
-    assert timing.unused_libraries(compose_config([]), builds_data=True) == ddp[:-1]
+    assert imports.unused_libraries(compose_config([]), builds_data=True) == ddp[:-1]
 
 
 def test_only_rank_0_without_finished_data_tokenizes(tmp_path) -> None:
@@ -130,7 +131,8 @@ HIDE_CODE = """
 import sys
 from launcher.config.compose import compose_config
 from launcher import timing
-timing.import_stack(compose_config(sys.argv[1:]))
+from launcher.rank import imports
+imports.import_stack(compose_config(sys.argv[1:]))
 import importlib.util
 import accelerate.utils, transformers.utils
 print(sorted(m for m in ("peft", "bitsandbytes", "deepspeed", "datasets", "pandas")
