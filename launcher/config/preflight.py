@@ -144,7 +144,23 @@ def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
             "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
             "run, or run.resume=auto to take the latest complete one."
         ]
-    return []
+    return _tensor_parallel_resume(cfg, resume_from)
+
+
+def _tensor_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
+    """A checkpoint split by tensor parallelism resumes only as it was split: DeepSpeed's
+    universal conversion of AutoTP shards is not supported here."""
+    from launcher.rundir import read_complete_marker
+
+    marker = read_complete_marker(checkpoint)
+    if marker is None or (marker.tp, marker.world_size) == (cfg.parallel.tp, cfg.world_size):
+        return []
+    if marker.tp == 1 and cfg.parallel.tp == 1:
+        return []  # another world size without TP: the engines convert it
+    return [f"run.resume: {checkpoint} was written with parallel.tp={marker.tp} on "
+            f"{marker.world_size} ranks; this run has parallel.tp={cfg.parallel.tp} on "
+            f"{cfg.world_size}. A tensor-parallel checkpoint resumes only on the same layout. "
+            f"Fix: parallel.tp={marker.tp} with {marker.world_size} ranks, or run.resume=never."]
 
 
 def resume_source(cfg: RunConfig) -> Path | None:

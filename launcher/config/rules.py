@@ -38,7 +38,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names,
+        _multi_node, _plain_names, _tensor_parallel,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -146,28 +146,57 @@ def _strategy(cfg: RunConfig) -> list[str]:
             f"{engine.name} engine is started by {' or '.join(engine.launchers)} only. "
             f"Fix: cluster.launcher={engine.launchers[0]}."
         )
+    if cfg.parallel.tp > 1:
+        problems += engine.tensor_parallel_problems(cfg)
     return problems
 
 
 def _batch(cfg: RunConfig) -> list[str]:
     train, requested = cfg.train, cfg.train.global_batch_size
-    if requested is None or min(train.micro_batch_size, train.grad_accum, cfg.world_size) <= 0:
+    if requested is None or min(train.micro_batch_size, train.grad_accum, cfg.dp_size) <= 0:
         return []
-    actual = train.micro_batch_size * train.grad_accum * cfg.world_size
+    actual = train.micro_batch_size * train.grad_accum * cfg.dp_size
     if requested == actual:
         return []
-    per_step = train.micro_batch_size * cfg.world_size
+    per_step = train.micro_batch_size * cfg.dp_size
     fix = (
         f"train.grad_accum={requested // per_step}"
         if requested % per_step == 0
-        else "a train.global_batch_size divisible by train.micro_batch_size x world size "
-        f"({per_step})"
+        else "a train.global_batch_size divisible by train.micro_batch_size x data-parallel "
+        f"size ({per_step})"
     )
     return [
         f"train.global_batch_size={requested}: train.micro_batch_size x train.grad_accum x "
-        f"world size (cluster.nodes x cluster.gpus_per_node) = {train.micro_batch_size} x "
-        f"{train.grad_accum} x {cfg.world_size} = {actual}. Fix: {fix}."
+        f"data-parallel size (cluster.nodes x cluster.gpus_per_node / parallel.tp) = "
+        f"{train.micro_batch_size} x {train.grad_accum} x {cfg.dp_size} = {actual}. Fix: {fix}."
     ]
+
+
+def _tensor_parallel(cfg: RunConfig) -> list[str]:
+    """parallel.tp: whole ranks of one node, heads that split evenly (AutoTP shards q/k/v
+    by heads; with an uneven split it keeps attention whole and only warns)."""
+    tp, cluster, model = cfg.parallel.tp, cfg.cluster, cfg.model
+    if tp == 1:
+        return []
+    if tp < 1:
+        return [f"parallel.tp={tp}: a rank count. Fix: parallel.tp=1 (no tensor parallelism)."]
+    problems = []
+    if cluster.gpus_per_node % tp:
+        problems.append(
+            f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
+            "tensor-parallel group stays inside one node (it all-reduces every layer). "
+            f"Fix: a parallel.tp that divides {cluster.gpus_per_node}.")
+    for key, heads in (("model.num_heads", model.num_heads),
+                       ("model.num_kv_heads", model.num_kv_heads)):
+        if heads % tp:
+            problems.append(
+                f"parallel.tp={tp} with {key}={heads}: the heads are split over the "
+                f"tensor-parallel ranks. Fix: a parallel.tp that divides {heads}.")
+    if cfg.peft.name != "none":
+        problems.append(
+            f"parallel.tp={tp} with peft={cfg.peft.name}: adapters on split linears are not "
+            "supported here. Fix: parallel.tp=1, or peft=none.")
+    return problems
 
 
 def _model(cfg: RunConfig) -> list[str]:

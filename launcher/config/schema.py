@@ -292,6 +292,14 @@ class PeftConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel size: each decoder linear split over this many ranks of one node
+    (DeepSpeed AutoTP; ZeRO strategies); embeddings and lm_head stay whole. The
+    data-parallel size is the world size / tp."""
+
+
+@dataclass
 class RunSection:
     name: str = "${model.name}-${strategy.name}"
     """Run folder under output_dir; default: <model>-<strategy>."""
@@ -321,12 +329,19 @@ class RunConfig:
     """Parameter-efficient fine-tuning: `peft=NAME` (none: every weight is trained)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """The Trainer's schedule, optimizer and batch settings."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Model parallelism beside the data-parallel axis (parallel.tp)."""
     run: RunSection = field(default_factory=RunSection)
     """The run folder: its name, where it goes, resume, force."""
 
     @property
     def world_size(self) -> int:
         return self.cluster.nodes * self.cluster.gpus_per_node
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: each holds a different batch (world size / tp)."""
+        return self.world_size // max(self.parallel.tp, 1)
 
 
 GROUPS: tuple[str, ...] = ("model", "dataset", "precision", "strategy", "cluster", "peft")

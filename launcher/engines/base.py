@@ -42,6 +42,12 @@ class Engine:
         """Rules for cfg.strategy under this engine, each naming the key, value and fix."""
         return []
 
+    def tensor_parallel_problems(self, cfg: RunConfig) -> list[str]:
+        """Why this strategy cannot split its linears over parallel.tp ranks (tp > 1)."""
+        return [f"parallel.tp={cfg.parallel.tp} with strategy={cfg.strategy.name}: tensor "
+                f"parallelism runs on DeepSpeed's AutoTP, not on {self.name}. Fix: "
+                "strategy=zero1, zero2 or zero3, or parallel.tp=1."]
+
     def memory_stage(self, strategy: StrategyConfig) -> int:
         """The ZeRO stage its memory behaves like (the ZeRO paper's formulas)."""
         return strategy.zero_stage

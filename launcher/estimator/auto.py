@@ -18,6 +18,7 @@ import copy
 
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import auto_ladder, strategy_table, with_user_settings
+from launcher.engines import engine_of
 from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
 from launcher.estimator.memory import FIT_FRACTION, GIB
 
@@ -28,8 +29,14 @@ def is_auto(cfg: RunConfig) -> bool:
 
 
 def candidates(cfg: RunConfig) -> tuple[str, ...]:
-    """The ladder auto climbs for cfg, fastest first."""
-    return auto_ladder(cfg.strategy.backend)
+    """The ladder auto climbs for cfg, fastest first (with parallel.tp > 1: the rungs that
+    can split the linears)."""
+    ladder = auto_ladder(cfg.strategy.backend)
+    if cfg.parallel.tp == 1:
+        return ladder
+    table = strategy_table()
+    return tuple(name for name in ladder if not engine_of(table[name]).tensor_parallel_problems(
+        resolve(cfg, name)))
 
 
 def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:

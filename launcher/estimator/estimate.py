@@ -10,12 +10,12 @@ by side. No torch, transformers or deepspeed import.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.config.strategies import concrete_strategies, with_user_settings
-from launcher.engines import is_auto
+from launcher.engines import engine_of, is_auto
 from launcher.estimator.flops import (
     count_params,
     run_flops,
@@ -122,6 +122,9 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
     elif cfg.strategy.name == "auto":  # what auto's resolve would run (e.g. bucket_size)
         table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}
+    if cfg.parallel.tp > 1:  # only the strategies that can split the linears
+        table = {n: s for n, s in table.items()
+                 if not engine_of(s).tensor_parallel_problems(replace(cfg, strategy=s))}
     return list(table.values())
 
 

@@ -57,7 +57,9 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
     return [
         f"{est.model}: {_count(est.params)} params ({_trainable(est)}), "
         f"precision {est.precision}, {c['nodes']} node(s) x "
-        f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}",
+        f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}"
+        + (f"; parallel.tp={cfg.parallel.tp}: each linear split over {cfg.parallel.tp} "
+           f"ranks, {cfg.dp_size} data-parallel" if cfg.parallel.tp > 1 else ""),
         _compute_line(cfg, est),
         "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
         "step and checkpoint save; states = model states as the optimizer step starts); "

@@ -55,6 +55,12 @@ def count_params(model: ModelConfig) -> int:
     return embeddings + model.num_layers * per_layer + h + lm_head  # + final norm
 
 
+def rank_params(model: ModelConfig, tp: int = 1) -> int:
+    """Parameters one tensor-parallel rank holds: every decoder linear split tp ways,
+    embeddings, lm_head and norms whole (AutoTP)."""
+    return count_params(model) - model.num_layers * layer_linear_params(model) * (tp - 1) // tp
+
+
 def largest_layer_params(model: ModelConfig) -> int:
     """Parameters of the largest single module (what DeepSpeed's model_to_params finds):
     ZeRO-3 gathers one module at a time, so this sizes its working set."""
@@ -87,7 +93,7 @@ def trainable_params(cfg: RunConfig) -> int:
 
 def global_batch_size(cfg: RunConfig) -> int:
     train = cfg.train
-    return train.global_batch_size or train.micro_batch_size * train.grad_accum * cfg.world_size
+    return train.global_batch_size or train.micro_batch_size * train.grad_accum * cfg.dp_size
 
 
 def training_tokens(cfg: RunConfig) -> int | None:

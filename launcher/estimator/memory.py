@@ -31,6 +31,7 @@ from launcher.estimator.flops import (
     largest_layer_params,
     layer_linear_params,
     lora_targets,
+    rank_params,
 )
 
 GIB = 1024**3
@@ -120,8 +121,8 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     for every strategy of the table on the same run)."""
     if cfg.peft.name != "none":
         return peft_model_state_bytes(cfg, strategy)
-    psi, largest = count_params(cfg.model), largest_layer_params(cfg.model)
-    n, p = cfg.world_size, param_bytes(cfg.precision.name)
+    psi, largest = rank_params(cfg.model, cfg.parallel.tp), largest_layer_params(cfg.model)
+    n, p = cfg.dp_size, param_bytes(cfg.precision.name)
     parts = engine_model_state_parts(
         psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
         strategy.offload_param, p,
@@ -159,13 +160,14 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
 # ---------------------------------------------------------------- activations and buffers
 
 
-def layer_activation_elements(model: ModelConfig) -> float:
+def layer_activation_elements(model: ModelConfig, tp: int = 1) -> float:
     """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
     docs/memory-notes.md section 4): ~8h (norm outputs, q, rotary products, attention output
-    and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product)."""
+    and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product).
+    Tensor parallelism splits all but the two norm outputs (derived)."""
     h = model.hidden_size
     kv = h // model.num_heads * model.num_kv_heads
-    return 8 * h + 2 * kv + 4 * model.intermediate_size
+    return 2 * h + (6 * h + 2 * kv + 4 * model.intermediate_size) / tp
 
 
 def activation_bytes(cfg: RunConfig) -> float:
@@ -180,7 +182,8 @@ def activation_bytes(cfg: RunConfig) -> float:
     s, b, h = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size
     fp32 = cfg.precision.name == "fp32"
     e = 4 if fp32 else 2
-    per_layer = h if cfg.train.gradient_checkpointing else layer_activation_elements(model)
+    per_layer = (h if cfg.train.gradient_checkpointing
+                 else layer_activation_elements(model, cfg.parallel.tp))
     layers = model.num_layers * per_layer + 3 * h
     logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
     return e * s * b * layers + logits
@@ -237,7 +240,7 @@ def recompute_bytes(cfg: RunConfig) -> float:
         return 0.0
     e = 4 if cfg.precision.name == "fp32" else 2
     s, b = cfg.dataset.max_length, cfg.train.micro_batch_size
-    return float(e * s * b * layer_activation_elements(cfg.model))
+    return float(e * s * b * layer_activation_elements(cfg.model, cfg.parallel.tp))
 
 
 def framework_buffer_bytes(preset: GpuPreset) -> int:

@@ -135,7 +135,8 @@ def make_trainer(
         eval_dataset=eval_ds,
         data_collator=collator(tokenizer, packed=cfg.dataset.packing),
         processing_class=tokenizer,
-        callbacks=[CheckpointCallback(), PreemptCallback(run_dir), *injected_callbacks(cfg)],
+        callbacks=[CheckpointCallback(cfg.parallel.tp), PreemptCallback(run_dir),
+                   *injected_callbacks(cfg)],
     )
     trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
     TokenCounter.install(trainer)  # tokens seen without a collective per micro-batch

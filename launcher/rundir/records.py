@@ -95,6 +95,8 @@ class CompleteMarker(Record):
     step: int
     world_size: int
     time: float
+    tp: int = 1
+    """parallel.tp of the run that wrote it (each rank's shards are its tp split)."""
 
 
 @dataclass(frozen=True)

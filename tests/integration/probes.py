@@ -459,6 +459,19 @@ class LiveBytesProbe(TrainerCallback):
         write_probe(args, "live_bytes", self.record)
 
 
+class ShapeProbe(TrainerCallback):
+    """The shape of every parameter this rank holds as training starts (a tensor-parallel
+    rank holds its slice of each split linear).
+
+    probes/shapes-rank<R>.json: {name: [dims]}"""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        shapes = {n: list(local_tensor(p).shape) for n, p in kw["model"].named_parameters()}
+        write_probe(args, "shapes", {"shapes": shapes})
+
+
 class StopAfterStep(TrainerCallback):
     """Stop right after the checkpoint of `step` is complete (a preemption at a known step).
     Appended after the worker's CheckpointCallback, whose on_save writes the COMPLETE

@@ -6,7 +6,10 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
 - zero1 and zero2 run with grad_accum 2, so they also give the zero1/zero2 gradient check;
 - ddp runs at sequence length 128 and zero2_offload at micro batch 4, so with zero2's
   first micro batch (2 x 64) they give the activation doubling checks.
-`make test` runs ddp, zero2, zero3 and fsdp (SHORT); `make test-full` all eleven. Activations are
+- zero1-tp2 is zero1 with parallel.tp=2 (DeepSpeed AutoTP: one rank's share of the split
+  linears, rank 0 gathering the whole model to save it).
+`make test` runs ddp, zero2, zero3, fsdp and zero1-tp2 (SHORT); `make test-full` all twelve.
+Activations are
   measured as live bytes at the forward's end minus at the step's begin
   (tests/integration/probes.LiveBytesProbe), in strategies that hold nothing else then
   (ddp, zero1/2 before any gradient exists, zero2_offload: equal to within 4 KiB when
@@ -50,11 +53,12 @@ RUNS: dict[str, list[str]] = {
     "zero3_offload": [],
     "fsdp": [],
     "fsdp_offload": [],
+    "zero1-tp2": ["train.grad_accum=2", "parallel.tp=2"],
 }
 LORA_RUNS = {"lora-ddp": "ddp", "lora-zero3": "zero3", "lora-fsdp": "fsdp"}
 """Run name -> strategy of the peft=lora runs (the three backends' LoRA code paths)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "zero3", "fsdp")
+SHORT = ("ddp", "zero2", "zero3", "fsdp", "zero1-tp2")
 """The runs `make test` makes (one per backend family); the others are `make test-full`'s."""
 
 
@@ -79,7 +83,7 @@ def memory_run(trained: Callable[..., Run], runs_root: Path) -> Callable[[str], 
 
     def get(name: str) -> Run:
         extra = ["peft=lora", f"strategy={LORA_RUNS[name]}"] if name in LORA_RUNS else [
-            *RUNS[name], f"strategy={name}"]
+            *RUNS[name], f"strategy={name.split('-')[0]}"]
         run = trained(f"memory-{name}", [
             *MODEL, *SHAPE, callbacks("LiveBytesProbe"), *extra, f"dataset.path={data}",
             f"dataset.cache_dir={runs_root / 'memory-data'}"])

@@ -8,7 +8,7 @@ from launcher.config.compose import compose_config
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import CHOSEN_FIELDS, auto_ladder, strategy_table
 from launcher.errors import ConfigError
-from launcher.estimator.auto import choose, chosen_strategy, nothing_fits, resolve
+from launcher.estimator.auto import candidates, choose, chosen_strategy, nothing_fits, resolve
 from launcher.estimator.estimate import estimate
 
 OFFLOAD = {"zero2_offload", "zero3_offload", "fsdp_offload"}
@@ -137,3 +137,12 @@ def test_resolve_leaves_a_named_strategy_alone() -> None:
 def test_tiny_model_on_cpu_picks_ddp() -> None:
     name, reasons = choose(auto_cfg(), estimate(auto_cfg()))
     assert name == "ddp" and len(reasons) == 1
+
+
+def test_with_tensor_parallelism_auto_climbs_only_the_rungs_that_split() -> None:
+    cfg = auto_cfg("model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+                   "parallel.tp=2")
+    assert candidates(cfg) == ("zero1", "zero2", "zero3")
+    name, _ = choose(cfg, estimate(cfg))
+    assert name in candidates(cfg)
+    assert [row.strategy for row in estimate(cfg).strategies] == ["zero1", "zero2", "zero3"]

@@ -217,6 +217,18 @@ def test_batch_arithmetic_two_nodes_of_eight() -> None:
     assert ds["gradient_accumulation_steps"] == 8
 
 
+def test_tensor_parallel_splits_the_batch_arithmetic_and_gathers_on_save() -> None:
+    tp = ["parallel.tp=2", *GPU, "train.micro_batch_size=4", "train.grad_accum=2"]
+    zero1 = build_ds_config(cfg_for("strategy=zero1", *tp))
+    assert zero1["tensor_parallel"] == {"autotp_size": 2}
+    assert "train_batch_size" not in zero1  # DeepSpeed: micro x accum x 4 data-parallel ranks
+    assert zero1["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert check_ds_config(zero1) == []
+    zero3 = build_ds_config(cfg_for("strategy=zero3", *tp))
+    assert "train_batch_size" not in zero3 and zero3["tensor_parallel"] == {"autotp_size": 2}
+    assert "tensor_parallel" not in build_ds_config(cfg_for("strategy=zero1", *GPU))
+
+
 def test_train_values_are_copied() -> None:
     cfg = cfg_for("strategy=zero1", "train.max_grad_norm=0.5", "train.logging_steps=3")
     ds = build_ds_config(cfg)

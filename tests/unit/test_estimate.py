@@ -22,7 +22,9 @@ from launcher.estimator.flops import (
     count_params,
     flops_per_token,
     largest_layer_params,
+    layer_linear_params,
     peak_flops_per_device,
+    rank_params,
     run_flops,
     run_seconds,
     training_flops,
@@ -556,3 +558,16 @@ def test_engine_accounting_equals_what_a_live_engine_holds(
     )
     predicted = parts["params"] + parts["grads"] + parts["optimizer"]
     assert live_engine_held[(stage, precision)] == pytest.approx(predicted, rel=0.02)
+
+
+def test_tensor_parallel_splits_the_layers_not_the_embeddings() -> None:
+    base = ["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+            "strategy=zero1", "precision=bf16"]
+    model = cfg_for(*base).model
+    linears = model.num_layers * layer_linear_params(model)
+    assert rank_params(model, 1) == count_params(model)
+    assert rank_params(model, 2) == count_params(model) - linears // 2
+    one, two = (estimate(cfg_for(*base, f"parallel.tp={tp}")).row("zero1") for tp in (1, 2))
+    assert two.activation_bytes < one.activation_bytes
+    assert two.model_state_gpu_bytes < one.model_state_gpu_bytes
+    assert two.peak_bytes < one.peak_bytes

@@ -172,7 +172,7 @@ def test_global_batch_not_divisible_explains() -> None:
     overrides = ["cluster.gpus_per_node=2", "train.micro_batch_size=4",
                  "train.global_batch_size=12"]
     message = only_problem(overrides)
-    assert "divisible by train.micro_batch_size x world size (8)" in message
+    assert "divisible by train.micro_batch_size x data-parallel size (8)" in message
 
 
 def test_unknown_choice_lists_the_options() -> None:

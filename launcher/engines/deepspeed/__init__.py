@@ -42,6 +42,13 @@ class DeepSpeedEngine(Engine):
                 "ZeRO-3. Fix: strategy=zero3_offload, or strategy.offload_param=false.")
         return problems
 
+    def tensor_parallel_problems(self, cfg: RunConfig) -> list[str]:
+        strategy = cfg.strategy
+        if not (strategy.offload_optimizer or strategy.offload_param):
+            return []  # AutoTP under ZeRO 1/2/3: docs/stack-notes.md
+        return [f"parallel.tp={cfg.parallel.tp} with strategy={strategy.name}: AutoTP with "
+                "offload is not supported here. Fix: strategy=zero1, zero2 or zero3."]
+
     def settings(self, cfg: RunConfig) -> dict[str, Any]:
         return build_ds_config(cfg)
 

@@ -20,8 +20,9 @@ class CheckpointCallback(TrainerCallback):
     Trainer saves right after a step's end, log and eval, so the save ran from the last of
     those to the marker. `ftl submit` compares it with the signal's grace time."""
 
-    def __init__(self) -> None:
+    def __init__(self, tp: int = 1) -> None:
         self.since = time.monotonic()
+        self.tp = tp
 
     def _mark(self, *args: Any, **kw: Any) -> None:
         self.since = time.monotonic()
@@ -34,7 +35,7 @@ class CheckpointCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         barrier()  # every rank has returned from its part of the save
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_complete_marker(checkpoint, state.global_step, args.world_size)
+            write_complete_marker(checkpoint, state.global_step, args.world_size, self.tp)
             self._record(checkpoint, state.global_step)
         barrier()  # nobody resumes or reads the marker before it exists
 

@@ -1,0 +1,98 @@
+"""Tensor parallelism (parallel.tp=2, DeepSpeed AutoTP) on 2 CPU ranks: every decoder
+linear is split over the two ranks (one data-parallel rank), the losses are one process's
+on the same global batch, a stop and the same command resume exactly, and model/ is a whole
+HF model whose logits are the trained model's.
+
+One chain of two launches serves every assertion: the first stops right after the
+checkpoint of step 4, the second resumes it to step 8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from runs import Run, callbacks, describe_failure, launch, plan_run
+
+from launcher.config.compose import compose_config
+from launcher.config.validate import validate
+from launcher.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+
+BATCH = ["train.grad_accum=2", "precision=fp32"]  # global batch 8 = 4 x 2 x 1 data rank
+TP = ["strategy=zero1", "parallel.tp=2", "cluster.gpus_per_node=2", *BATCH]
+STOP = 4
+
+
+@pytest.fixture(scope="module")
+def tp_chain(runs_root: Path) -> tuple[Run, Run]:
+    first = launch(plan_run(runs_root, "tp2", [*TP, callbacks(stop=STOP)]))
+    assert first.returncode == 0, describe_failure(first)
+    second = launch(plan_run(runs_root, "tp2", [*TP, callbacks("ShapeProbe", "LogitsProbe")]))
+    assert second.returncode == 0, describe_failure(second)
+    return first, second
+
+
+def test_tp2_trains_like_one_process_and_resumes_exactly(
+    trained: Callable[..., Run], tp_chain: tuple[Run, Run],
+) -> None:
+    one = trained("tp-reference-1proc", ["cluster.gpus_per_node=1", *BATCH])
+    assert one.returncode == 0, describe_failure(one)
+    first, second = tp_chain
+    (resumed,) = second.launches()
+    assert resumed["start_step"] == STOP and resumed["world_size"] == 2
+    assert resumed["resumed_from"].endswith(f"checkpoint-{STOP}")
+    losses = {**first.train_losses(), **second.train_losses()}
+    expected = one.train_losses()
+    assert sorted(losses) == sorted(expected) == list(range(1, 9))
+    for step, loss in expected.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-5), step
+    assert losses[8] < losses[1]
+
+
+def test_tp2_splits_every_decoder_linear_and_saves_the_whole_model(
+    tp_chain: tuple[Run, Run],
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _, second = tp_chain
+    cfg = compose_config(TP)
+    h = cfg.model.hidden_size
+    kv = h // cfg.model.num_heads * cfg.model.num_kv_heads
+    inter = cfg.model.intermediate_size
+    for rank in (0, 1):
+        shapes = second.probe("shapes", rank)["shapes"]
+        layer = "model.layers.0."
+        assert shapes[layer + "self_attn.q_proj.weight"] == [h // 2, h]  # rows split
+        assert shapes[layer + "self_attn.k_proj.weight"] == [kv // 2, h]
+        assert shapes[layer + "self_attn.o_proj.weight"] == [h, h // 2]  # columns split
+        assert shapes[layer + "mlp.up_proj.weight"] == [inter // 2, h]
+        assert shapes[layer + "mlp.down_proj.weight"] == [h, inter // 2]
+        assert shapes["model.embed_tokens.weight"] == [cfg.model.vocab_size, h]  # whole
+    model = AutoModelForCausalLM.from_pretrained(second.run_dir / "model")
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (h, h)
+    probe = second.logits()
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_tp_layouts_that_cannot_work_are_refused_before_launch() -> None:
+    bad = compose_config(["strategy=ddp", "parallel.tp=4", "cluster.gpus_per_node=2",
+                          "model.num_kv_heads=2", "peft=lora"])
+    with pytest.raises(ConfigError) as refused:
+        validate(bad, "plan")
+    text = str(refused.value)
+    for needle in ("parallel.tp=4 with cluster.gpus_per_node=2",
+                   "parallel.tp=4 with model.num_kv_heads=2",
+                   "parallel.tp=4 with peft=lora"):
+        assert needle in text, text
+    offload = compose_config(["strategy=zero2_offload", "parallel.tp=2"])
+    with pytest.raises(ConfigError, match="AutoTP with offload is not supported"):
+        validate(offload, "plan")
+    plain = compose_config(["strategy=ddp", "parallel.tp=2"])
+    with pytest.raises(ConfigError, match="tensor parallelism runs on DeepSpeed's AutoTP"):
+        validate(plain, "plan")
