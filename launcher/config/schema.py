@@ -133,8 +133,9 @@ class StrategyConfig:
     """Strategy preset, one of configs/strategy/*.yaml (set by `strategy=NAME`); auto: the
     fastest that fits, chosen at plan time."""
     backend: str = MISSING
-    """ddp, deepspeed, fsdp or auto. Next to strategy=auto, fsdp makes auto choose among
-    ddp and the FSDP strategies instead of the DeepSpeed ones."""
+    """The engine (launcher/engines/): ddp, deepspeed, fsdp, auto, or module:Class of a
+    site's own Engine subclass. Next to strategy=auto, fsdp makes auto choose among ddp and
+    the FSDP strategies instead of the DeepSpeed ones."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights;
     0: none (ddp and fsdp)."""
