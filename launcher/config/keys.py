@@ -27,7 +27,7 @@ from launcher.config.compose import compose_dict, config_dir
 from launcher.config.rules import CHOICES
 from launcher.config.strategies import strategy_table
 from launcher.errors import ConfigError
-from launcher.schedulers.base import SCHEDULERS
+from launcher.schedulers.base import NO_SCHEDULER, SCHEDULERS
 
 HEADER = (
     "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
@@ -77,7 +77,7 @@ def all_keys() -> list[Key]:
     composed = OmegaConf.to_container(compose_dict([]), resolve=True)
     defaults = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").defaults)
     groups = {k: v for entry in defaults or [] if isinstance(entry, dict) for k, v in entry.items()}
-    choices = {**CHOICES, "cluster.scheduler": ("none", *SCHEDULERS),
+    choices = {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS),
                "strategy.name": tuple(strategy_table()),
                **{group: _options(group) for group in schema.GROUPS}}
     keys: list[Key] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.schema import RunConfig
-from launcher.schedulers.base import DEFAULT_SCHEDULER
+from launcher.schedulers.base import DEFAULT_SCHEDULER, NO_SCHEDULER
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
@@ -24,7 +24,7 @@ HUB_HOST = "huggingface.co"
 def local_launch_problems(cfg: RunConfig) -> list[str]:
     """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
     cluster, problems = cfg.cluster, []
-    if cluster.scheduler != "none":
+    if cluster.scheduler != NO_SCHEDULER:
         problems.append(
             f"cluster={cluster.name}: `ftl train` runs on this machine, and this cluster "
             f"uses the {cluster.scheduler} scheduler. Fix: `ftl submit cluster={cluster.name} "
@@ -207,8 +207,9 @@ def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
         f"({base}); the run needs {at_least}{need.total_bytes / gib:.2f} GiB: "
         f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / gib:.2f} GiB "
         f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
-        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir, "
-        "fewer kept checkpoints (train.save_total_limit=2), or run.force=true to try anyway."
+        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir"
+        + (" or " if cfg.run.force else ", ") + "fewer kept checkpoints (train.save_total_limit=2)"
+        + ("." if cfg.run.force else ", or run.force=true to try anyway.")
     ]
 
 

@@ -18,7 +18,7 @@ from launcher.config.strategies import strategy_table
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
-from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
+from launcher.schedulers.base import DEFAULT_SCHEDULER, NO_SCHEDULER, SCHEDULERS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": PRECISIONS,
@@ -62,7 +62,7 @@ def _choices(cfg: RunConfig) -> list[str]:
         value = _get(cfg, key)
         if value not in allowed:
             problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
-    schedulers = ("none", *SCHEDULERS)  # read now: a scheduler may register after import
+    schedulers = (NO_SCHEDULER, *SCHEDULERS)  # read now: a scheduler may register after import
     if cfg.cluster.scheduler not in schedulers:
         problems.append(
             f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
@@ -278,7 +278,7 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
 
 def _multi_node(cfg: RunConfig) -> list[str]:
     cluster = cfg.cluster
-    if cluster.scheduler != "none" or cluster.nodes == 1 or cluster.launcher != "deepspeed":
+    if cluster.scheduler != NO_SCHEDULER or cluster.nodes == 1 or cluster.launcher != "deepspeed":
         return []
     if cluster.hostfile:
         return []
