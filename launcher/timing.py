@@ -24,10 +24,6 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
 
 ENV = "FTL_STARTUP_MARKS"
 

@@ -25,9 +25,10 @@ from omegaconf import MISSING, OmegaConf
 from launcher.config import schema
 from launcher.config.compose import compose_dict, config_dir
 from launcher.config.rules import CHOICES
+from launcher.config.schema import NO_SCHEDULER
 from launcher.config.strategies import strategy_table
 from launcher.errors import ConfigError
-from launcher.schedulers.base import NO_SCHEDULER, SCHEDULERS
+from launcher.schedulers.base import SCHEDULERS
 
 HEADER = (
     "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"

@@ -12,8 +12,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.config.schema import RunConfig
-from launcher.schedulers.base import DEFAULT_SCHEDULER, NO_SCHEDULER
+from launcher.config.schema import NO_SCHEDULER, RunConfig
+from launcher.schedulers.base import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate

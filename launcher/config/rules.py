@@ -13,12 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
-from launcher.config.schema import RunConfig
+from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
-from launcher.schedulers.base import DEFAULT_SCHEDULER, NO_SCHEDULER, SCHEDULERS
+from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": PRECISIONS,

@@ -186,11 +186,15 @@ class SlurmConfig:
     """Extra sbatch options, each as typed after `sbatch`, e.g. '--constraint=a100'."""
 
 
+NO_SCHEDULER = "none"
+"""cluster.scheduler of a cluster whose ranks `ftl train` starts itself (cluster=local)."""
+
+
 @dataclass
 class ClusterConfig:
     name: str = MISSING
     """Preset name (configs/cluster/<name>.yaml), e.g. local or slurm."""
-    scheduler: str = "none"
+    scheduler: str = NO_SCHEDULER
     """none: `ftl train` starts the ranks here; slurm: `ftl submit` sends a batch job."""
     nodes: int = 1
     """Machines; world size = nodes x gpus_per_node."""
@@ -228,7 +232,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro batches accumulated per optimizer step."""
     global_batch_size: int | None = None
-    """If set, must equal micro_batch_size x grad_accum x world size."""
+    """If set, must equal micro_batch_size x grad_accum x data-parallel size (world size /
+    parallel.tp)."""
     save_steps: int = 500
     """Optimizer steps between checkpoints."""
     save_total_limit: int = 0

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal
 from launcher.config import preflight
 from launcher.config.rules import config_problems, strategy_problems
 from launcher.config.schema import RunConfig
+from launcher.engines import is_auto
 from launcher.errors import ConfigError
-from launcher.estimator.auto import is_auto
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
@@ -58,7 +58,7 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
     else:
         if not problems:
             problems += _resolve_strategy(checked)
-        if not is_auto(checked.cfg):
+        if not is_auto(checked.cfg.strategy):
             problems += strategy_problems(checked.cfg)
     if target in ("train", "submit"):
         problems += _launch_problems(checked, dry_run)
@@ -78,7 +78,7 @@ def _resolve_strategy(checked: Checked) -> list[str]:
 
     cfg = checked.cfg
     checked.estimate = estimate(cfg)
-    if not is_auto(cfg) or checked.target == "estimate":
+    if not is_auto(cfg.strategy) or checked.target == "estimate":
         return []
     name, reasons = choose(cfg, checked.estimate)
     if name is None:

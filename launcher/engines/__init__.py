@@ -31,7 +31,8 @@ AUTO_FAMILY = "deepspeed"
 
 
 def is_auto(strategy: StrategyConfig) -> bool:
-    return AUTO in (strategy.name, strategy.backend)
+    """strategy=auto, also as `strategy=auto strategy.backend=fsdp` (the name stays auto)."""
+    return strategy.name == AUTO
 
 
 def engine_of(strategy: StrategyConfig) -> Engine:
@@ -51,9 +52,13 @@ def _load(backend: str) -> Engine:
 def backend_problems(strategy: StrategyConfig) -> list[str]:
     """strategy.backend names a registered engine, `auto`, or an importable Engine class."""
     backend = strategy.backend
-    if backend in ENGINES or backend == AUTO:
+    if backend in ENGINES or (backend == AUTO and is_auto(strategy)):
         return []
     known = "|".join([*ENGINES, AUTO])
+    if backend == AUTO:  # a concrete strategy has no engine to run it
+        return [f"strategy.backend=auto with strategy={strategy.name}: auto is not an engine, "
+                f"only strategy=auto's default. Fix: strategy.backend={'|'.join(ENGINES)}, "
+                "or strategy=auto."]
     if ":" not in backend:
         return [f"strategy.backend={backend}: not an engine. Fix: strategy.backend={known}, "
                 "or module:Class of an Engine subclass (launcher/engines/base.py)."]

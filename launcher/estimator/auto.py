@@ -18,14 +18,9 @@ import copy
 
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import auto_ladder, strategy_table, with_user_settings
-from launcher.engines import engine_of
+from launcher.engines import engine_of, is_auto
 from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
 from launcher.estimator.memory import FIT_FRACTION, GIB
-
-
-def is_auto(cfg: RunConfig) -> bool:
-    """strategy=auto, also as `strategy=auto strategy.backend=fsdp` (name stays auto)."""
-    return cfg.strategy.name == "auto"
 
 
 def candidates(cfg: RunConfig) -> tuple[str, ...]:
@@ -62,7 +57,7 @@ def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
 
 def chosen_strategy(cfg: RunConfig, est: Estimate) -> str | None:
     """The configured strategy, or for `auto` what choose picks (None: nothing fits)."""
-    return choose(cfg, est)[0] if is_auto(cfg) else cfg.strategy.name
+    return choose(cfg, est)[0] if is_auto(cfg.strategy) else cfg.strategy.name
 
 
 def rejection(cfg: RunConfig, row: StrategyEstimate) -> str:
@@ -133,7 +128,7 @@ def resolve(cfg: RunConfig, name: str) -> RunConfig:
     come from the table). A named strategy comes back as an unchanged copy.
     """
     resolved = copy.deepcopy(cfg)
-    if not is_auto(cfg):
+    if not is_auto(cfg.strategy):
         return resolved
     chosen = with_user_settings(strategy_table()[name], cfg.strategy)
     resolved.strategy = chosen

@@ -120,7 +120,7 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
     table = concrete_strategies()
     if not is_auto(cfg.strategy):
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
-    elif cfg.strategy.name == "auto":  # what auto's resolve would run (e.g. bucket_size)
+    else:  # strategy=auto: what its resolve would run (e.g. bucket_size)
         table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}
     if cfg.parallel.tp > 1:  # only the strategies that can split the linears
         table = {n: s for n, s in table.items()

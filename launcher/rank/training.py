@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.config.schema import RunConfig
 from launcher.engines import engine_of
-from launcher.rundir import RunDir
+from launcher.rundir import PlanRecord, RunDir
 
 
 def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
@@ -113,8 +113,8 @@ def _has_tensorboard() -> bool:
 
 
 def make_trainer(
-    cfg: RunConfig, run_dir: RunDir, args: Any, model: Any, tokenizer: Any, datasets: tuple,
-    resume: str | None,
+    cfg: RunConfig, run_dir: RunDir, plan: PlanRecord, args: Any, model: Any, tokenizer: Any,
+    datasets: tuple, resume: str | None,
 ) -> Any:
     """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
     from transformers import PrinterCallback, Trainer
@@ -125,7 +125,6 @@ def make_trainer(
     from launcher.rank.callbacks.tokens import TokenCounter
     from launcher.rank.preempt import PreemptCallback
 
-    plan = run_dir.read_plan()
     metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
     train_ds, eval_ds = datasets
     trainer = Trainer(

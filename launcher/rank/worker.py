@@ -69,7 +69,8 @@ def train(run_dir: RunDir) -> NoReturn:
     engine = engine_of(cfg.strategy)
     engine.prepare_rank(cfg)
     rank = int(os.environ.get("RANK", "0"))
-    data_dir = Path(run_dir.read_plan().data_dir)
+    plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
+    data_dir = Path(plan.data_dir)
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
     imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
@@ -92,7 +93,7 @@ def train(run_dir: RunDir) -> NoReturn:
     timing.mark("model_built")
     memtrace.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
-    trainer = make_trainer(cfg, run_dir, args, model, tokenizer, datasets, resume_text)
+    trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
     timing.mark("trainer_built")
@@ -120,7 +121,7 @@ def train(run_dir: RunDir) -> NoReturn:
     from launcher.rank.callbacks.metrics import record_finish
 
     record_finish(trainer)
-    memory = record_memory(trainer, run_dir)  # every rank: a collective
+    memory = record_memory(trainer, run_dir, plan)  # every rank: a collective
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir, memory)
     if trainer.is_world_process_zero():
         run_dir.write_result(result)

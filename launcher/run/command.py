@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launcher.config.hardware import GPU_PRESETS
-from launcher.config.schema import RunConfig
+from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.rundir import HOSTFILE, LOGS
 
 WORKER_MODULE = "launcher.rank.worker"
@@ -85,7 +85,7 @@ def build_launch(
         if cluster.nodes == 1:
             return _deepspeed_single(cfg, run_dir)
         hostfile_path = hostfile_path or posixpath.join(run_dir, HOSTFILE)
-        if cluster.scheduler != "none" or node_rank is not None:
+        if cluster.scheduler != NO_SCHEDULER or node_rank is not None:
             return _deepspeed_no_ssh(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
         return _deepspeed_ssh(cfg, run_dir, head_node, hostfile_path, hosts)
     raise ValueError(f"cluster.launcher={cluster.launcher}: rules.py admits no such launcher")

@@ -30,8 +30,6 @@ SCHEDULERS: dict[str, str] = {
 DEFAULT_SCHEDULER = next(iter(SCHEDULERS))
 """The first entry: a bare `ftl submit` uses its cluster preset (configs/cluster/<name>.yaml,
 named like the scheduler), and a bare job id is its job."""
-NO_SCHEDULER = "none"
-"""cluster.scheduler of a cluster whose ranks `ftl train` starts itself (cluster=local)."""
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,14 @@ def test_global_batch_not_divisible_explains() -> None:
     assert "divisible by train.micro_batch_size x data-parallel size (8)" in message
 
 
+def test_backend_auto_belongs_to_strategy_auto_only() -> None:
+    message = only_problem(["strategy=zero2", "strategy.backend=auto"])
+    assert message.startswith("strategy.backend=auto with strategy=zero2: auto is not an engine")
+    assert "Fix: strategy.backend=ddp|deepspeed|fsdp, or strategy=auto." in message
+    auto = validate(compose_config(["strategy=auto", "strategy.backend=fsdp"]), "plan")
+    assert auto.cfg.strategy.backend in ("ddp", "fsdp")  # resolved on the fsdp ladder
+
+
 def test_unknown_choice_lists_the_options() -> None:
     message = only_problem(["cluster.gpu=a100-20g"])
     assert "cluster.gpu=a100-20g" in message

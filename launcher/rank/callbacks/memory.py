@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.rank import memtrace
-from launcher.rundir import RankMetrics, RunDir
+from launcher.rundir import PlanRecord, RankMetrics, RunDir
 
 
 def peak_memory_mib() -> float:
@@ -21,7 +21,7 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def record_memory(trainer: Any, run_dir: RunDir) -> dict[str, Any]:
+def record_memory(trainer: Any, run_dir: RunDir, plan: PlanRecord) -> dict[str, Any]:
     """Every rank, after the final save: its live-tensor peaks per phase into
     metrics/rank<R>.json ("memory"); returns result.json's "memory" with every rank's
     figures (one all_gather_object)."""
@@ -33,7 +33,7 @@ def record_memory(trainer: Any, run_dir: RunDir) -> dict[str, Any]:
     if dist.is_available() and dist.is_initialized():
         ranks = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(ranks, mine)
-    predicted = (run_dir.read_plan().estimate or {}).get("peak_bytes")  # live tensor bytes
+    predicted = (plan.estimate or {}).get("peak_bytes")  # live tensor bytes
     return {"predicted_peak_bytes": int(predicted) if predicted else None,
             "measured_peak_bytes": [r.get("peak_bytes") for r in ranks],
             "measured_rss_bytes": [r.get("rss_peak_bytes") for r in ranks]}

@@ -41,12 +41,12 @@ from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import RunConfig
-from launcher.rank.checkpoints import COMPLETE_MARKER
 from launcher.run.command import HEAD_NODE_VAR, NODE_RANK_VAR, Launch, quote_arg, render_argv
 from launcher.run.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 from launcher.rundir import (
     CANCEL_REQUESTED,
     CHECKPOINTS,
+    COMPLETE_MARKER,
     LOGS,
     PREEMPT_REQUESTED,
     PREEMPTED,
