@@ -29,7 +29,10 @@
 # Knobs (environment): VENV, STEPS (30), MICRO (4), STRATEGIES ("zero2 zero3 fsdp"; an item
 # may carry overrides after colons: "zero3:strategy.bucket_size=50000000"),
 # FTL_GPU_PRESET, KEEP=1 (keep the run dirs), WORK (scratch dir), RESULTS (bench/results),
-# RUN_TIMEOUT (420 s per strategy).
+# RUN_TIMEOUT (420 s per strategy), GPUS (1: ranks on this machine).
+# Tensor and sequence parallelism need 2+ GPUs (one H200 cannot show them): on such a
+# machine, GPUS=2 STRATEGIES="zero3 zero1:parallel.tp=2 zero3:parallel.sp=2" adds a TP and
+# an SP row (tokens/s, peak memory vs the estimate) beside plain zero3 on the same 2 GPUs.
 #
 # Offline (a machine that reaches no package registry, such as a cluster's compute node):
 # WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh) with
@@ -151,7 +154,7 @@ MODEL = ["model=tiny-llama", "model.name=llama-1b", "model.hidden_size=2048",
 COMMON = [*MODEL, f"dataset.path={data}", "dataset.format=text", "dataset.eval_path=",
           "dataset.eval_fraction=0", "dataset.max_length=2048", "dataset.packing=false",
           f"dataset.cache_dir={work / 'data'}", "precision=bf16", f"cluster.gpu={preset}",
-          "cluster.gpus_per_node=1", f"train.max_steps={steps}",
+          f"cluster.gpus_per_node={os.environ.get('GPUS') or 1}", f"train.max_steps={steps}",
           f"train.micro_batch_size={micro}", "train.grad_accum=1", "train.lr=1e-4",
           "train.warmup_ratio=0.1", "train.logging_steps=5", "train.eval_steps=0",
           "train.save_steps=100000", "train.eval_on_start=false", "train.optimizer=torch"]

@@ -144,23 +144,31 @@ def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
             "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
             "run, or run.resume=auto to take the latest complete one."
         ]
-    return _tensor_parallel_resume(cfg, resume_from)
+    return _model_parallel_resume(cfg, resume_from)
 
 
-def _tensor_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
-    """A checkpoint split by tensor parallelism resumes only as it was split: DeepSpeed's
-    universal conversion of AutoTP shards is not supported here."""
+def _model_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
+    """A checkpoint of a tensor- or sequence-parallel run resumes only on its own layout:
+    DeepSpeed's universal conversion of AutoTP shards is not supported here, and the
+    Ulysses loader's position in the data is not converted (not measured)."""
     from launcher.rundir import read_complete_marker
 
     marker = read_complete_marker(checkpoint)
-    if marker is None or (marker.tp, marker.world_size) == (cfg.parallel.tp, cfg.world_size):
+    if marker is None:
         return []
-    if marker.tp == 1 and cfg.parallel.tp == 1:
-        return []  # another world size without TP: the engines convert it
-    return [f"run.resume: {checkpoint} was written with parallel.tp={marker.tp} on "
-            f"{marker.world_size} ranks; this run has parallel.tp={cfg.parallel.tp} on "
-            f"{cfg.world_size}. A tensor-parallel checkpoint resumes only on the same layout. "
-            f"Fix: parallel.tp={marker.tp} with {marker.world_size} ranks, or run.resume=never."]
+    written = (marker.tp, marker.sp, marker.world_size)
+    if written == (cfg.parallel.tp, cfg.parallel.sp, cfg.world_size):
+        return []
+    if written[:2] == (1, 1) == (cfg.parallel.tp, cfg.parallel.sp):
+        return []  # another world size without model parallelism: the engines convert it
+    return [f"run.resume: {checkpoint} was written with {_layout(*written)}; this run has "
+            f"{_layout(cfg.parallel.tp, cfg.parallel.sp, cfg.world_size)}. A tensor- or "
+            "sequence-parallel checkpoint resumes only on the same layout. Fix: "
+            f"{_layout(*written)}, or run.resume=never."]
+
+
+def _layout(tp: int, sp: int, world: int) -> str:
+    return f"parallel.tp={tp} parallel.sp={sp} on {world} ranks"
 
 
 def resume_source(cfg: RunConfig) -> Path | None:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
+from launcher.config.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
@@ -38,7 +39,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names, _tensor_parallel,
+        _multi_node, _plain_names, model_parallel_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -146,9 +147,7 @@ def _strategy(cfg: RunConfig) -> list[str]:
             f"{engine.name} engine is started by {' or '.join(engine.launchers)} only. "
             f"Fix: cluster.launcher={engine.launchers[0]}."
         )
-    if cfg.parallel.tp > 1:
-        problems += engine.tensor_parallel_problems(cfg)
-    return problems
+    return problems + parallel_engine_problems(cfg)
 
 
 def _batch(cfg: RunConfig) -> list[str]:
@@ -167,36 +166,10 @@ def _batch(cfg: RunConfig) -> list[str]:
     )
     return [
         f"train.global_batch_size={requested}: train.micro_batch_size x train.grad_accum x "
-        f"data-parallel size (cluster.nodes x cluster.gpus_per_node / parallel.tp) = "
+        "data-parallel size (cluster.nodes x cluster.gpus_per_node / (parallel.tp x "
+        f"parallel.sp)) = "
         f"{train.micro_batch_size} x {train.grad_accum} x {cfg.dp_size} = {actual}. Fix: {fix}."
     ]
-
-
-def _tensor_parallel(cfg: RunConfig) -> list[str]:
-    """parallel.tp: whole ranks of one node, heads that split evenly (AutoTP shards q/k/v
-    by heads; with an uneven split it keeps attention whole and only warns)."""
-    tp, cluster, model = cfg.parallel.tp, cfg.cluster, cfg.model
-    if tp == 1:
-        return []
-    if tp < 1:
-        return [f"parallel.tp={tp}: a rank count. Fix: parallel.tp=1 (no tensor parallelism)."]
-    problems = []
-    if cluster.gpus_per_node % tp:
-        problems.append(
-            f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
-            "tensor-parallel group stays inside one node (it all-reduces every layer). "
-            f"Fix: a parallel.tp that divides {cluster.gpus_per_node}.")
-    for key, heads in (("model.num_heads", model.num_heads),
-                       ("model.num_kv_heads", model.num_kv_heads)):
-        if heads % tp:
-            problems.append(
-                f"parallel.tp={tp} with {key}={heads}: the heads are split over the "
-                f"tensor-parallel ranks. Fix: a parallel.tp that divides {heads}.")
-    if cfg.peft.name != "none":
-        problems.append(
-            f"parallel.tp={tp} with peft={cfg.peft.name}: adapters on split linears are not "
-            "supported here. Fix: parallel.tp=1, or peft=none.")
-    return problems
 
 
 def _model(cfg: RunConfig) -> list[str]:

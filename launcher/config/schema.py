@@ -302,7 +302,11 @@ class ParallelConfig:
     tp: int = 1
     """Tensor-parallel size: each decoder linear split over this many ranks of one node
     (DeepSpeed AutoTP; ZeRO strategies); embeddings and lm_head stay whole. The
-    data-parallel size is the world size / tp."""
+    data-parallel size is the world size / (tp x sp)."""
+    sp: int = 1
+    """Sequence-parallel size: each sequence split over this many ranks, attention
+    exchanged all-to-all (DeepSpeed Ulysses / ALST; ZeRO-3 only): activations per rank
+    divided by sp, for long-context runs. The ranks of one sp group train one batch."""
 
 
 @dataclass
@@ -336,7 +340,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """The Trainer's schedule, optimizer and batch settings."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Model parallelism beside the data-parallel axis (parallel.tp)."""
+    """Model parallelism beside the data-parallel axis (parallel.tp, parallel.sp)."""
     run: RunSection = field(default_factory=RunSection)
     """The run folder: its name, where it goes, resume, force."""
 
@@ -346,7 +350,13 @@ class RunConfig:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel ranks: each holds a different batch (world size / tp)."""
+        """Data-parallel ranks: each holds a different batch (world size / (tp x sp))."""
+        return self.world_size // max(self.parallel.tp, 1) // max(self.parallel.sp, 1)
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks ZeRO/FSDP shard the model states over: every rank of a tensor-parallel
+        slice (sequence-parallel ranks hold the same weights, so they shard them too)."""
         return self.world_size // max(self.parallel.tp, 1)
 
 

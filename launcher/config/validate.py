@@ -73,7 +73,7 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
 
 def _resolve_strategy(checked: Checked) -> list[str]:
     """One estimate; for strategy=auto the fastest strategy that fits."""
-    from launcher.estimator.auto import choose, nothing_fits, resolve
+    from launcher.estimator.auto import choose, model_parallel_layout, nothing_fits, resolve
     from launcher.estimator.estimate import estimate
 
     cfg = checked.cfg
@@ -81,9 +81,14 @@ def _resolve_strategy(checked: Checked) -> list[str]:
     if not is_auto(cfg.strategy) or checked.target == "estimate":
         return []
     name, reasons = choose(cfg, checked.estimate)
-    if name is None:
+    if name is not None:
+        checked.cfg, checked.strategy_reasons = resolve(cfg, name), reasons
+        return []
+    layout = model_parallel_layout(cfg)
+    if layout is None:
         return nothing_fits(cfg, reasons)
-    checked.cfg, checked.strategy_reasons = resolve(cfg, name), reasons
+    checked.cfg, checked.estimate, chosen = layout
+    checked.strategy_reasons = reasons + chosen
     return []
 
 

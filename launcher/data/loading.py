@@ -264,34 +264,47 @@ class Collator:
     """Right-pads a batch to its longest row: pad id in input_ids, -100 in labels. Unpacked
     rows get an attention_mask (0 on padding); packed rows get position_ids instead (the
     padding is one more sequence with its own positions) and no mask, so attention follows
-    the example boundaries."""
+    the example boundaries. Under sequence parallelism (sp_width set) every batch is
+    padded to that one width, divisible by sp (the Ulysses loader all-gathers the batches
+    of a group, and gloo needs equal shapes), and has position_ids (Ulysses shards the
+    sequence and keeps only them); right padding needs no mask there: causal attention
+    never reads a later token."""
 
     pad_token_id: int
     packed: bool = False
+    sp_width: int | None = None
 
     def __call__(self, rows: list[Mapping[str, list[int]]]) -> dict[str, Any]:
         import torch
 
-        width = max(len(row["input_ids"]) for row in rows)
+        width = self.sp_width or max(len(row["input_ids"]) for row in rows)
         batch: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
-        extra = "position_ids" if self.packed else "attention_mask"
-        batch[extra] = []
+        extras = ["position_ids"] if self.packed else ["attention_mask"]
+        if self.sp_width and not self.packed:
+            extras.append("position_ids")
+        for extra in extras:
+            batch[extra] = []
         for row in rows:
             fill = width - len(row["input_ids"])
             batch["input_ids"].append(list(row["input_ids"]) + [self.pad_token_id] * fill)
             batch["labels"].append(list(row["labels"]) + [IGNORE_INDEX] * fill)
             if self.packed:
-                batch[extra].append(list(row["position_ids"]) + list(range(fill)))
-            else:
-                batch[extra].append([1] * len(row["input_ids"]) + [0] * fill)
+                batch["position_ids"].append(list(row["position_ids"]) + list(range(fill)))
+                continue
+            batch["attention_mask"].append([1] * len(row["input_ids"]) + [0] * fill)
+            if self.sp_width:
+                batch["position_ids"].append(list(range(width)))
         return {key: torch.tensor(value, dtype=torch.long) for key, value in batch.items()}
 
 
-def collator(tokenizer: Any, packed: bool = False) -> Collator:
-    """The batch collator for encoded rows (packed: rows with position_ids)."""
+def collator(tokenizer: Any, packed: bool = False, sp: int = 1,
+             max_length: int = 0) -> Collator:
+    """The batch collator for encoded rows (packed: rows with position_ids; sp: the
+    sequence-parallel size, whose batches are max_length rounded up to a multiple of sp)."""
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = tokenizer.eos_token_id
     if pad is None:
         raise DataError("the tokenizer has neither a pad nor an eos token; give it a pad_token")
-    return Collator(pad_token_id=int(pad), packed=packed)
+    sp_width = -(-max_length // sp) * sp if sp > 1 else None
+    return Collator(pad_token_id=int(pad), packed=packed, sp_width=sp_width)

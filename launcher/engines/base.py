@@ -48,6 +48,12 @@ class Engine:
                 f"parallelism runs on DeepSpeed's AutoTP, not on {self.name}. Fix: "
                 "strategy=zero1, zero2 or zero3, or parallel.tp=1."]
 
+    def sequence_parallel_problems(self, cfg: RunConfig) -> list[str]:
+        """Why this strategy cannot split each sequence over parallel.sp ranks (sp > 1)."""
+        return [f"parallel.sp={cfg.parallel.sp} with strategy={cfg.strategy.name}: sequence "
+                f"parallelism runs on DeepSpeed Ulysses under ZeRO-3, not on {self.name}. "
+                "Fix: strategy=zero3, or parallel.sp=1."]
+
     def memory_stage(self, strategy: StrategyConfig) -> int:
         """The ZeRO stage its memory behaves like (the ZeRO paper's formulas)."""
         return strategy.zero_stage
@@ -73,7 +79,7 @@ class Engine:
     def prepare_rank(self, cfg: RunConfig) -> None:
         """Before anything is imported or built on a rank."""
 
-    def setup_distributed(self, on_cpu: bool) -> dict[str, Any]:
+    def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         """Pre-configure accelerate where its own detection is wrong; returns the
         TrainingArguments accelerator_config."""
         return {}
@@ -95,6 +101,12 @@ class Engine:
     def callbacks(self, universal: bool) -> list[Any]:
         """Trainer callbacks this engine needs on this launch."""
         return []
+
+    def trainer_class(self, cfg: RunConfig) -> type:
+        """The Trainer (sub)class the rank builds."""
+        from transformers import Trainer
+
+        return Trainer
 
 
 def zero_stage_unused(strategy: StrategyConfig) -> list[str]:

@@ -16,22 +16,42 @@ from __future__ import annotations
 
 import copy
 
+from launcher.config.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import auto_ladder, strategy_table, with_user_settings
-from launcher.engines import engine_of, is_auto
+from launcher.engines import is_auto
 from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
 from launcher.estimator.memory import FIT_FRACTION, GIB
 
 
 def candidates(cfg: RunConfig) -> tuple[str, ...]:
-    """The ladder auto climbs for cfg, fastest first (with parallel.tp > 1: the rungs that
-    can split the linears)."""
+    """The ladder auto climbs for cfg, fastest first (with parallel.tp or parallel.sp > 1:
+    the rungs whose engine supports them)."""
     ladder = auto_ladder(cfg.strategy.backend)
-    if cfg.parallel.tp == 1:
+    if (cfg.parallel.tp, cfg.parallel.sp) == (1, 1):
         return ladder
-    table = strategy_table()
-    return tuple(name for name in ladder if not engine_of(table[name]).tensor_parallel_problems(
-        resolve(cfg, name)))
+    return tuple(name for name in ladder if not parallel_engine_problems(resolve(cfg, name)))
+
+
+def model_parallel_layout(cfg: RunConfig) -> tuple[RunConfig, Estimate, list[str]] | None:
+    """When no strategy fits and the user set no model parallelism: the smallest group
+    (2, 4, ... ranks) of sequence parallelism, then of tensor parallelism, under which one
+    does, resolved, with its estimate and the reason line; None if none does. Ulysses
+    divides the activations (what a long-sequence run runs out of) at one all-to-all per
+    attention; AutoTP also divides the layers' states, at two all-reduces per layer."""
+    if (cfg.parallel.tp, cfg.parallel.sp) != (1, 1):
+        return None
+    for size in range(2, cfg.world_size + 1):
+        for axis in ("sp", "tp"):
+            trial = copy.deepcopy(cfg)
+            setattr(trial.parallel, axis, size)
+            if cfg.world_size % size or model_parallel_problems(trial):
+                continue
+            est = estimate(trial)
+            name, reasons = choose(trial, est)
+            if name is not None:
+                return resolve(trial, name), est, [f"{reasons[-1]} with parallel.{axis}={size}"]
+    return None
 
 
 def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:

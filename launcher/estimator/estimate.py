@@ -13,9 +13,10 @@ import copy
 from dataclasses import dataclass, replace
 
 from launcher.config.hardware import gpu_preset
+from launcher.config.parallel_rules import parallel_engine_problems
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.config.strategies import concrete_strategies, with_user_settings
-from launcher.engines import engine_of, is_auto
+from launcher.engines import is_auto
 from launcher.estimator.flops import (
     count_params,
     run_flops,
@@ -122,9 +123,9 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
     else:  # strategy=auto: what its resolve would run (e.g. bucket_size)
         table = {n: with_user_settings(s, cfg.strategy) for n, s in table.items()}
-    if cfg.parallel.tp > 1:  # only the strategies that can split the linears
+    if (cfg.parallel.tp, cfg.parallel.sp) != (1, 1):  # only the strategies that support it
         table = {n: s for n, s in table.items()
-                 if not engine_of(s).tensor_parallel_problems(replace(cfg, strategy=s))}
+                 if not parallel_engine_problems(replace(cfg, strategy=s))}
     return list(table.values())
 
 

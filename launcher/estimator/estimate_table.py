@@ -13,7 +13,7 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
 from launcher.estimator.flops import flops_factor
-from launcher.estimator.memory import FIT_FRACTION, GIB, framework_buffer_bytes
+from launcher.estimator.memory import FIT_FRACTION, GIB, framework_buffer_bytes, rank_sequence
 
 
 def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
@@ -58,16 +58,26 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         f"{est.model}: {_count(est.params)} params ({_trainable(est)}), "
         f"precision {est.precision}, {c['nodes']} node(s) x "
         f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}"
-        + (f"; parallel.tp={cfg.parallel.tp}: each linear split over {cfg.parallel.tp} "
-           f"ranks, {cfg.dp_size} data-parallel" if cfg.parallel.tp > 1 else ""),
+        + _model_parallel_text(cfg),
         _compute_line(cfg, est),
         "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
         "step and checkpoint save; states = model states as the optimizer step starts); "
         f"total = peak + {buffers:g} GiB framework allowance; fits = total <= "
         f"{FIT_FRACTION:.0%} of device memory; micro batch "
         f"{cfg.train.micro_batch_size} x {cfg.dataset.max_length} tokens"
+        + (f" ({rank_sequence(cfg)} per rank)" if cfg.parallel.sp > 1 else "")
         + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
     ]
+
+
+def _model_parallel_text(cfg: RunConfig) -> str:
+    tp, sp = cfg.parallel.tp, cfg.parallel.sp
+    if tp > 1:
+        return f"; parallel.tp={tp}: each linear split over {tp} ranks, {cfg.dp_size} data-parallel"
+    if sp > 1:
+        return (f"; parallel.sp={sp}: each sequence split over {sp} ranks (Ulysses all-to-all "
+                f"in every attention), {cfg.dp_size} data-parallel")
+    return ""
 
 
 def _trainable(est: Estimate) -> str:

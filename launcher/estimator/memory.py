@@ -122,7 +122,7 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     if cfg.peft.name != "none":
         return peft_model_state_bytes(cfg, strategy)
     psi, largest = rank_params(cfg.model, cfg.parallel.tp), largest_layer_params(cfg.model)
-    n, p = cfg.dp_size, param_bytes(cfg.precision.name)
+    n, p = cfg.shard_size, param_bytes(cfg.precision.name)
     parts = engine_model_state_parts(
         psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
         strategy.offload_param, p,
@@ -160,30 +160,40 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
 # ---------------------------------------------------------------- activations and buffers
 
 
-def layer_activation_elements(model: ModelConfig, tp: int = 1) -> float:
+def layer_activation_elements(model: ModelConfig, tp: int = 1, sp: int = 1) -> float:
     """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
     docs/memory-notes.md section 4): ~8h (norm outputs, q, rotary products, attention output
     and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product).
-    Tensor parallelism splits all but the two norm outputs (derived)."""
+    Tensor parallelism splits all but the two norm outputs (derived). Sequence parallelism
+    (per token of the rank's slice) adds q, k, v and the attention output in Ulysses's
+    head-split layout, which sdpa keeps besides the slice's own (docs/memory-notes.md)."""
     h = model.hidden_size
     kv = h // model.num_heads * model.num_kv_heads
-    return 2 * h + (6 * h + 2 * kv + 4 * model.intermediate_size) / tp
+    ulysses = 2 * h + 2 * kv if sp > 1 else 0
+    return 2 * h + (6 * h + 2 * kv + 4 * model.intermediate_size) / tp + ulysses
+
+
+def rank_sequence(cfg: RunConfig) -> int:
+    """Tokens of each sequence one rank runs: dataset.max_length, split over the
+    sequence-parallel ranks (padded to a multiple of parallel.sp)."""
+    return -(-cfg.dataset.max_length // cfg.parallel.sp)
 
 
 def activation_bytes(cfg: RunConfig) -> float:
-    """Activations of one micro batch at dataset.max_length when the forward returns (the
-    same under every strategy: none of them shards activations). Every element at the
+    """Activations of one micro batch at dataset.max_length (a rank's slice of it under
+    sequence parallelism) when the forward returns (the same under every strategy: none
+    of them shards activations). Every element at the
     working precision (4 bytes fp32, 2 in 16-bit), + 3h per token outside the layers
     (embedding output, final norm), + the logits (LOGITS_BYTES_PER_ELEMENT). No s x s
     term: SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the
     s = 128 run doubled, it did not quadruple). With gradient checkpointing each layer
     keeps its input only (measured -2.7 %)."""
     model = cfg.model
-    s, b, h = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size
+    s, b, h = rank_sequence(cfg), cfg.train.micro_batch_size, model.hidden_size
     fp32 = cfg.precision.name == "fp32"
     e = 4 if fp32 else 2
     per_layer = (h if cfg.train.gradient_checkpointing
-                 else layer_activation_elements(model, cfg.parallel.tp))
+                 else layer_activation_elements(model, cfg.parallel.tp, cfg.parallel.sp))
     layers = model.num_layers * per_layer + 3 * h
     logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
     return e * s * b * layers + logits
@@ -239,8 +249,9 @@ def recompute_bytes(cfg: RunConfig) -> float:
     if not cfg.train.gradient_checkpointing:
         return 0.0
     e = 4 if cfg.precision.name == "fp32" else 2
-    s, b = cfg.dataset.max_length, cfg.train.micro_batch_size
-    return float(e * s * b * layer_activation_elements(cfg.model, cfg.parallel.tp))
+    s, b = rank_sequence(cfg), cfg.train.micro_batch_size
+    return float(e * s * b * layer_activation_elements(cfg.model, cfg.parallel.tp,
+                                                       cfg.parallel.sp))
 
 
 def framework_buffer_bytes(preset: GpuPreset) -> int:

@@ -34,6 +34,7 @@ from launcher.estimator.memory import (
     lora_activation_bytes,
     model_state_bytes,
     param_bytes,
+    rank_sequence,
     recompute_bytes,
 )
 from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
@@ -124,7 +125,7 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
     bucket = strategy.bucket_size or bucket_elements(replace(cfg, strategy=strategy))
     return PeakInputs(  # under tensor parallelism: one rank's share, over the dp ranks
-        psi=rank_params(model, tp), n=cfg.dp_size, p=param_bytes(cfg.precision.name),
+        psi=rank_params(model, tp), n=cfg.shard_size, p=param_bytes(cfg.precision.name),
         grad_accum=cfg.train.grad_accum,
         layer_psi=layer_linear_params(model) // tp + 2 * h,
         largest_tensor=max(v * h, h * i // tp, h * h // tp),
@@ -145,7 +146,7 @@ def autocast_activation_bytes(cfg: RunConfig) -> float:
     """PeakInputs.autocast_acts: 12h bytes per token and layer in 16-bit runs, else 0."""
     if cfg.precision.name == "fp32":
         return 0.0
-    tokens = cfg.dataset.max_length * cfg.train.micro_batch_size
+    tokens = rank_sequence(cfg) * cfg.train.micro_batch_size
     return 12.0 * cfg.model.hidden_size * tokens * cfg.model.num_layers
 
 

@@ -19,7 +19,7 @@ def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
     right."""
     if on_cpu:
         keep_freed_memory()
-    return engine_of(cfg.strategy).setup_distributed(on_cpu)
+    return engine_of(cfg.strategy).setup_distributed(cfg, on_cpu)
 
 
 MMAP_THRESHOLD_BYTES = 32 * 2**20
@@ -117,7 +117,7 @@ def make_trainer(
     datasets: tuple, resume: str | None,
 ) -> Any:
     """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
-    from transformers import PrinterCallback, Trainer
+    from transformers import PrinterCallback
 
     from launcher.data.loading import collator
     from launcher.rank.callbacks.checkpoint_marker import CheckpointCallback
@@ -127,14 +127,15 @@ def make_trainer(
 
     metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
     train_ds, eval_ds = datasets
-    trainer = Trainer(
+    trainer = engine_of(cfg.strategy).trainer_class(cfg)(
         model=model,
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        data_collator=collator(tokenizer, packed=cfg.dataset.packing),
+        data_collator=collator(tokenizer, cfg.dataset.packing, cfg.parallel.sp,
+                               cfg.dataset.max_length),
         processing_class=tokenizer,
-        callbacks=[CheckpointCallback(cfg.parallel.tp), PreemptCallback(run_dir),
+        callbacks=[CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp), PreemptCallback(run_dir),
                    *injected_callbacks(cfg)],
     )
     trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well

@@ -155,9 +155,10 @@ class RunDir:
         return [RankMetrics.from_dict(json.loads(p.read_text())) for p in files]
 
 
-def write_complete_marker(checkpoint: Path, step: int, world_size: int, tp: int = 1) -> None:
+def write_complete_marker(checkpoint: Path, step: int, world_size: int, tp: int = 1,
+                          sp: int = 1) -> None:
     """Rank 0 only, after every rank has finished writing `checkpoint`."""
-    marker = CompleteMarker(step, world_size, time.time(), tp)
+    marker = CompleteMarker(step, world_size, time.time(), tp, sp)
     write_file_atomic(checkpoint / COMPLETE_MARKER, json.dumps(marker.to_dict()) + "\n")
 
 

@@ -97,6 +97,8 @@ class CompleteMarker(Record):
     time: float
     tp: int = 1
     """parallel.tp of the run that wrote it (each rank's shards are its tp split)."""
+    sp: int = 1
+    """parallel.sp of the run that wrote it (the Ulysses loader's place in the data)."""
 
 
 @dataclass(frozen=True)

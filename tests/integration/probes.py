@@ -472,6 +472,32 @@ class ShapeProbe(TrainerCallback):
         write_probe(args, "shapes", {"shapes": shapes})
 
 
+class SequenceProbe(TrainerCallback):
+    """The input_ids shape of every training forward this rank runs (a sequence-parallel
+    rank sees its slice of each sequence), read by a forward pre-hook on the embedding.
+
+    probes/sequence-rank<R>.json: {"shapes": [[batch, tokens], ...]}"""
+
+    def __init__(self) -> None:
+        self.shapes: list[list[int]] = []
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        embedding = kw["model"].get_input_embeddings()
+
+        def record(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            if module.training:
+                self.shapes.append(list(inputs[0].shape))
+
+        embedding.register_forward_pre_hook(record)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        write_probe(args, "sequence", {"shapes": self.shapes})
+
+
 class StopAfterStep(TrainerCallback):
     """Stop right after the checkpoint of `step` is complete (a preemption at a known step).
     Appended after the worker's CheckpointCallback, whose on_save writes the COMPLETE

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from launcher.config.compose import PROJECT_ROOT
@@ -85,6 +86,23 @@ class Run:
 
     def logits(self) -> dict[str, torch.Tensor]:
         return torch.load(RunDir(self.run_dir).probes / "logits.pt")
+
+
+def assert_resumed_like(chain: tuple[Run, Run], reference: Run, stop: int) -> None:
+    """A 2-rank run stopped after checkpoint-`stop` and resumed by the same command to step
+    8: one launch record for the resume, from that checkpoint, and every step's loss equal
+    to the reference's (rel 1e-5), falling."""
+    assert reference.returncode == 0, describe_failure(reference)
+    first, second = chain
+    (resumed,) = second.launches()
+    assert resumed["start_step"] == stop and resumed["world_size"] == 2
+    assert resumed["resumed_from"].endswith(f"checkpoint-{stop}")
+    losses = {**first.train_losses(), **second.train_losses()}
+    expected = reference.train_losses()
+    assert sorted(losses) == sorted(expected) == list(range(1, 9))
+    for step, loss in expected.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-5), step
+    assert losses[8] < losses[1]
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   first micro batch (2 x 64) they give the activation doubling checks.
 - zero1-tp2 is zero1 with parallel.tp=2 (DeepSpeed AutoTP: one rank's share of the split
   linears, rank 0 gathering the whole model to save it).
+- zero3-sp2 is zero3 with parallel.sp=2 (DeepSpeed Ulysses: half of each sequence per rank,
+  ZeRO-3 sharding over both; `make test-full` only).
 `make test` runs ddp, zero2, zero3, fsdp and zero1-tp2 (SHORT); `make test-full` all twelve.
 Activations are
   measured as live bytes at the forward's end minus at the step's begin
@@ -54,6 +56,7 @@ RUNS: dict[str, list[str]] = {
     "fsdp": [],
     "fsdp_offload": [],
     "zero1-tp2": ["train.grad_accum=2", "parallel.tp=2"],
+    "zero3-sp2": ["parallel.sp=2"],
 }
 LORA_RUNS = {"lora-ddp": "ddp", "lora-zero3": "zero3", "lora-fsdp": "fsdp"}
 """Run name -> strategy of the peft=lora runs (the three backends' LoRA code paths)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import Run, callbacks, describe_failure, launch, plan_run
+from runs import Run, assert_resumed_like, callbacks, describe_failure, launch, plan_run
 
 from launcher.config.compose import compose_config
 from launcher.config.validate import validate
@@ -40,17 +40,7 @@ def test_tp2_trains_like_one_process_and_resumes_exactly(
     trained: Callable[..., Run], tp_chain: tuple[Run, Run],
 ) -> None:
     one = trained("tp-reference-1proc", ["cluster.gpus_per_node=1", *BATCH])
-    assert one.returncode == 0, describe_failure(one)
-    first, second = tp_chain
-    (resumed,) = second.launches()
-    assert resumed["start_step"] == STOP and resumed["world_size"] == 2
-    assert resumed["resumed_from"].endswith(f"checkpoint-{STOP}")
-    losses = {**first.train_losses(), **second.train_losses()}
-    expected = one.train_losses()
-    assert sorted(losses) == sorted(expected) == list(range(1, 9))
-    for step, loss in expected.items():
-        assert losses[step] == pytest.approx(loss, rel=1e-5), step
-    assert losses[8] < losses[1]
+    assert_resumed_like(tp_chain, one, STOP)
 
 
 def test_tp2_splits_every_decoder_linear_and_saves_the_whole_model(

@@ -7,8 +7,16 @@ import pytest
 from launcher.config.compose import compose_config
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import CHOSEN_FIELDS, auto_ladder, strategy_table
+from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.estimator.auto import candidates, choose, chosen_strategy, nothing_fits, resolve
+from launcher.estimator.auto import (
+    candidates,
+    choose,
+    chosen_strategy,
+    model_parallel_layout,
+    nothing_fits,
+    resolve,
+)
 from launcher.estimator.estimate import estimate
 
 OFFLOAD = {"zero2_offload", "zero3_offload", "fsdp_offload"}
@@ -146,3 +154,27 @@ def test_with_tensor_parallelism_auto_climbs_only_the_rungs_that_split() -> None
     name, _ = choose(cfg, estimate(cfg))
     assert name in candidates(cfg)
     assert [row.strategy for row in estimate(cfg).strategies] == ["zero1", "zero2", "zero3"]
+
+
+def test_a_long_sequence_nothing_fits_gets_the_smallest_model_parallel_layout() -> None:
+    """32k tokens of llama-7b on 8 A100-80GB: every plain strategy needs ~180 GiB of
+    activations per GPU; Ulysses over 4 ranks brings zero3 under the limit, sp=2 does not."""
+    cfg = auto_cfg("model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+                   "precision=bf16", "dataset.max_length=32768",
+                   "model.max_position_embeddings=32768", "train.micro_batch_size=1")
+    assert choose(cfg, estimate(cfg))[0] is None
+    layout = model_parallel_layout(cfg)
+    assert layout is not None
+    chosen, est, reasons = layout
+    assert (chosen.strategy.name, chosen.parallel.sp, chosen.dp_size) == ("zero3", 4, 2)
+    assert est.row("zero3").fits and [r.strategy for r in est.strategies] == ["zero3"]
+    assert len(reasons) == 1 and "with parallel.sp=4" in reasons[0]
+    checked = validate(cfg, "plan")
+    assert (checked.cfg.strategy.name, checked.cfg.parallel.sp) == ("zero3", 4)
+    packed = auto_cfg("model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+                      "precision=bf16", "dataset.max_length=32768", "dataset.packing=true",
+                      "model.max_position_embeddings=32768", "train.micro_batch_size=1")
+    packed_layout = model_parallel_layout(packed)  # Ulysses would mix packed documents
+    assert packed_layout is not None
+    assert (packed_layout[0].parallel.sp, packed_layout[0].parallel.tp) == (1, 8)
+    assert "with parallel.tp=8" in packed_layout[2][0]

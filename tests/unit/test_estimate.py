@@ -34,6 +34,7 @@ from launcher.estimator.memory import (
     GIB,
     activation_bytes,
     engine_model_state_parts,
+    layer_activation_elements,
     model_state_bytes,
 )
 from launcher.rank.extensions import use_own_build_cache
@@ -571,3 +572,23 @@ def test_tensor_parallel_splits_the_layers_not_the_embeddings() -> None:
     assert two.activation_bytes < one.activation_bytes
     assert two.model_state_gpu_bytes < one.model_state_gpu_bytes
     assert two.peak_bytes < one.peak_bytes
+
+
+def test_sequence_parallel_splits_the_activations_not_the_sharding() -> None:
+    """Ulysses: each rank runs max_length / sp tokens of every layer (plus the head-split
+    q, k, v and attention output), while ZeRO-3 still shards the model states over every
+    rank."""
+    base = ["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+            "strategy=zero3", "precision=bf16", "dataset.max_length=4096",
+            "train.micro_batch_size=1"]
+    one, four = (cfg_for(*base, f"parallel.sp={sp}") for sp in (1, 4))
+    assert (one.dp_size, four.dp_size) == (8, 2)
+    assert one.shard_size == four.shard_size == 8
+    rows = [estimate(cfg).row("zero3") for cfg in (one, four)]
+    assert rows[1].model_state_gpu_bytes == rows[0].model_state_gpu_bytes
+    h, kv = one.model.hidden_size, one.model.hidden_size  # 32 KV heads: kv width h
+    per_token = layer_activation_elements(one.model)
+    assert layer_activation_elements(one.model, sp=4) == per_token + 2 * h + 2 * kv
+    assert rows[1].activation_bytes == pytest.approx(
+        rows[0].activation_bytes * (per_token + 4 * h) / per_token / 4, rel=0.02)
+    assert rows[1].peak_bytes < rows[0].peak_bytes

@@ -49,6 +49,21 @@ class DeepSpeedEngine(Engine):
         return [f"parallel.tp={cfg.parallel.tp} with strategy={strategy.name}: AutoTP with "
                 "offload is not supported here. Fix: strategy=zero1, zero2 or zero3."]
 
+    def sequence_parallel_problems(self, cfg: RunConfig) -> list[str]:
+        """Ulysses is measured right under ZeRO-3 only: under ZeRO-1/2 its gradients come
+        out sp times too large (docs/stack-notes.md)."""
+        strategy, sp, problems = cfg.strategy, cfg.parallel.sp, []
+        if strategy.zero_stage != 3:
+            problems.append(
+                f"parallel.sp={sp} with strategy={strategy.name}: Ulysses sequence parallelism "
+                f"under ZeRO-{strategy.zero_stage} gives gradients {sp} times too large. Fix: "
+                "strategy=zero3, or parallel.sp=1.")
+        elif strategy.offload_optimizer or strategy.offload_param:
+            problems.append(
+                f"parallel.sp={sp} with strategy={strategy.name}: sequence parallelism with "
+                "offload is not measured here. Fix: strategy=zero3, or parallel.sp=1.")
+        return problems
+
     def settings(self, cfg: RunConfig) -> dict[str, Any]:
         return build_ds_config(cfg)
 
@@ -77,11 +92,15 @@ class DeepSpeedEngine(Engine):
         # clear error rather than an endless wait on a killed build's lock.
         extensions.check_build_locks(extensions.use_own_build_cache())
 
-    def setup_distributed(self, on_cpu: bool) -> dict[str, Any]:
+    def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         if not on_cpu:
             return {}
         from accelerate import PartialState
 
+        if cfg.parallel.sp > 1:
+            from launcher.engines.deepspeed.ulysses import start_comm_on_cpu
+
+            start_comm_on_cpu()
         # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
         # as a single process (unsharded data or a train_batch_size assertion).
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
@@ -96,6 +115,10 @@ class DeepSpeedEngine(Engine):
             kwargs["use_cpu"] = False  # the Trainer's CPU path would bypass DeepSpeed
         if late_bf16:
             kwargs["bf16"] = False
+        if cfg.parallel.sp > 1:
+            from launcher.engines.deepspeed.ulysses import parallelism_config
+
+            kwargs["parallelism_config"] = parallelism_config(cfg.parallel.sp)
         return kwargs
 
     def finish_arguments(self, args: Any, cfg: RunConfig, on_cpu: bool) -> None:
@@ -124,6 +147,13 @@ class DeepSpeedEngine(Engine):
         from launcher.engines.deepspeed.universal import UntiedOptimizerSteps
 
         return [UntiedOptimizerSteps()]
+
+    def trainer_class(self, cfg: RunConfig) -> type:
+        if cfg.parallel.sp == 1:
+            return super().trainer_class(cfg)
+        from launcher.engines.deepspeed.ulysses import trainer_class
+
+        return trainer_class()
 
 
 def _offload_of_stage(strategy: StrategyConfig) -> bool:

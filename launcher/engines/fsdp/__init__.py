@@ -54,7 +54,7 @@ class FsdpEngine(Engine):
 
     # ------------------------------------------------------------ rank side
 
-    def setup_distributed(self, on_cpu: bool) -> dict[str, Any]:
+    def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         if not on_cpu:
             return {}
         from accelerate import PartialState

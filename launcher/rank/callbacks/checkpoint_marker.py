@@ -20,9 +20,9 @@ class CheckpointCallback(TrainerCallback):
     Trainer saves right after a step's end, log and eval, so the save ran from the last of
     those to the marker. `ftl submit` compares it with the signal's grace time."""
 
-    def __init__(self, tp: int = 1) -> None:
+    def __init__(self, tp: int = 1, sp: int = 1) -> None:
         self.since = time.monotonic()
-        self.tp = tp
+        self.tp, self.sp = tp, sp
 
     def _mark(self, *args: Any, **kw: Any) -> None:
         self.since = time.monotonic()
@@ -35,7 +35,8 @@ class CheckpointCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         barrier()  # every rank has returned from its part of the save
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_complete_marker(checkpoint, state.global_step, args.world_size, self.tp)
+            write_complete_marker(checkpoint, state.global_step, args.world_size,
+                                  self.tp, self.sp)
             self._record(checkpoint, state.global_step)
         barrier()  # nobody resumes or reads the marker before it exists
 

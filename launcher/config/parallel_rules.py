@@ -1,0 +1,89 @@
+"""Rules for the model-parallel axes (parallel.tp, parallel.sp): the layout on its own
+(config_problems) and what the chosen strategy's engine supports (strategy_problems)."""
+
+from __future__ import annotations
+
+from launcher.config.schema import RunConfig
+from launcher.engines import engine_of
+
+
+def model_parallel_problems(cfg: RunConfig) -> list[str]:
+    tp, sp = cfg.parallel.tp, cfg.parallel.sp
+    problems = []
+    for key, size, name in (("parallel.tp", tp, "tensor"), ("parallel.sp", sp, "sequence")):
+        if size < 1:
+            problems.append(f"{key}={size}: a rank count. Fix: {key}=1 (no {name} parallelism).")
+    if problems:
+        return problems
+    if tp > 1 and sp > 1:
+        problems.append(
+            f"parallel.tp={tp} with parallel.sp={sp}: AutoTP and Ulysses are not combined "
+            "here (not measured on the pinned stack). Fix: parallel.tp=1 or parallel.sp=1.")
+    return problems + _tensor_parallel(cfg) + _sequence_parallel(cfg)
+
+
+def parallel_engine_problems(cfg: RunConfig) -> list[str]:
+    engine, problems = engine_of(cfg.strategy), []
+    if cfg.parallel.tp > 1:
+        problems += engine.tensor_parallel_problems(cfg)
+    if cfg.parallel.sp > 1:
+        problems += engine.sequence_parallel_problems(cfg)
+    return problems
+
+
+def _tensor_parallel(cfg: RunConfig) -> list[str]:
+    """parallel.tp: whole ranks of one node, heads that split evenly (AutoTP shards q/k/v
+    by heads; with an uneven split it keeps attention whole and only warns)."""
+    tp, cluster, model = cfg.parallel.tp, cfg.cluster, cfg.model
+    if tp == 1:
+        return []
+    problems = []
+    if cluster.gpus_per_node % tp:
+        problems.append(
+            f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
+            "tensor-parallel group stays inside one node (it all-reduces every layer). "
+            f"Fix: a parallel.tp that divides {cluster.gpus_per_node}.")
+    for key, heads in (("model.num_heads", model.num_heads),
+                       ("model.num_kv_heads", model.num_kv_heads)):
+        if heads % tp:
+            problems.append(
+                f"parallel.tp={tp} with {key}={heads}: the heads are split over the "
+                f"tensor-parallel ranks. Fix: a parallel.tp that divides {heads}.")
+    return problems + _no_adapters(cfg, "parallel.tp", tp)
+
+
+def _sequence_parallel(cfg: RunConfig) -> list[str]:
+    """parallel.sp (Ulysses): each rank of a group attends with num_heads / sp heads over
+    the whole sequence; KV heads are split or replicated to match (docs/stack-notes.md)."""
+    sp, model = cfg.parallel.sp, cfg.model
+    if sp == 1:
+        return []
+    problems = []
+    if cfg.world_size % sp:
+        problems.append(
+            f"parallel.sp={sp} with {cfg.world_size} ranks (cluster.nodes x "
+            f"cluster.gpus_per_node): every rank belongs to one sequence-parallel group. "
+            f"Fix: a parallel.sp that divides {cfg.world_size}.")
+    if model.num_heads % sp:
+        problems.append(
+            f"parallel.sp={sp} with model.num_heads={model.num_heads}: each rank attends "
+            f"with num_heads / sp heads. Fix: a parallel.sp that divides {model.num_heads}.")
+    kv = model.num_kv_heads
+    if kv % sp and sp % kv:
+        problems.append(
+            f"parallel.sp={sp} with model.num_kv_heads={kv}: KV heads are split over the "
+            f"group or repeated to fill it. Fix: a parallel.sp that divides {kv} or is a "
+            f"multiple of it.")
+    if cfg.dataset.packing:
+        problems.append(
+            f"parallel.sp={sp} with dataset.packing=true: Ulysses drops the attention mask, "
+            "so sdpa would attend across the packed documents (flash-attention varlen, which "
+            "keeps them apart, needs a GPU build). Fix: dataset.packing=false.")
+    return problems + _no_adapters(cfg, "parallel.sp", sp)
+
+
+def _no_adapters(cfg: RunConfig, key: str, size: int) -> list[str]:
+    if cfg.peft.name == "none":
+        return []
+    return [f"{key}={size} with peft={cfg.peft.name}: adapters with model parallelism are "
+            f"not supported here. Fix: {key}=1, or peft=none."]

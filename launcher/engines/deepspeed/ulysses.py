@@ -1,0 +1,72 @@
+"""Sequence parallelism (parallel.sp > 1): DeepSpeed Ulysses (ALST) under ZeRO-3, rank side.
+
+The HF Trainer does the work when TrainingArguments carries accelerate's
+ParallelismConfig(sp_backend="deepspeed"): the attention of every layer exchanges heads for
+sequence all-to-all, a loader adapter (UlyssesSPDataLoaderAdapter) gives every rank of an
+sp group its slice of the same batch, and the loss is the token-weighted mean over the
+group. What the pinned stack gets wrong on CPU or on resume is patched here, each measured
+(docs/stack-notes.md, "Tensor parallelism ... and sequence parallelism").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ATTENTION = "sdpa"
+"""The core attention under the Ulysses wrapper: it must be named (eager is refused), and
+sdpa is what the models are built with (flash-attention needs a GPU build)."""
+
+
+def parallelism_config(sp: int) -> Any:
+    from accelerate import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
+                                              sp_attn_implementation=ATTENTION)
+    return ParallelismConfig(sp_backend="deepspeed", sp_size=sp, sp_handler=handler)
+
+
+def start_comm_on_cpu() -> None:
+    """With use_cpu, accelerate never starts DeepSpeed's comm layer, which Ulysses's
+    process groups need (`assert dist.is_initialized()` in parallel_state_sp)."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+def trainer_class() -> type:
+    """The Trainer with the two Ulysses fixes: contiguous inputs, and resume skipping."""
+    import transformers.trainer
+    from transformers import Trainer
+
+    transformers.trainer.skip_first_batches = _skip_first_batches
+
+    class UlyssesTrainer(Trainer):
+        def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+            # The adapter slices each batch along the sequence without a copy; on CPU its
+            # .cpu() is a no-op, so shift_labels of a batch > 1 stays non-contiguous and
+            # the loss's .view(-1) fails.
+            prepared = super()._prepare_inputs(inputs)
+            return {key: value.contiguous() if hasattr(value, "contiguous") else value
+                    for key, value in prepared.items()}
+
+    return UlyssesTrainer
+
+
+def _skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """accelerate's skip_first_batches, taught the Ulysses adapter: a resumed launch
+    skips the batches the checkpoint trained. The adapter turns one batch of each rank's
+    loader into sp micro batches (one per rank of the group), so n micro batches are
+    n // sp loader batches, then n % sp micro batches."""
+    from accelerate import skip_first_batches
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    if not isinstance(dataloader, UlyssesSPDataLoaderAdapter):
+        return skip_first_batches(dataloader, num_batches)
+    sp = dataloader.sp_world_size
+    skipped = UlyssesSPDataLoaderAdapter(
+        skip_first_batches(dataloader.dl, num_batches // sp), dataloader.sp_rank,
+        dataloader.sp_group, sp, dataloader.device)
+    for _ in range(num_batches % sp):
+        next(skipped)
+    return skipped

@@ -1,0 +1,91 @@
+"""Sequence parallelism (parallel.sp=2, DeepSpeed Ulysses under ZeRO-3) on 2 CPU ranks:
+each rank runs every layer on half of each sequence (one data-parallel rank), the losses
+are one process's on the same global batch, a stop and the same command resume exactly
+(the resumed launch skips the trained batches through the Ulysses loader), and model/ is
+a whole HF model whose logits are the trained model's.
+
+One chain of two launches serves every assertion: the first stops right after the
+checkpoint of step 4, the second resumes it to step 8. The reference is the suite's zero3
+run on 2 data-parallel ranks (test_train_strategies.py, global batch 8 = 4 x 1 x 2), whose
+losses test_world_size_change.py shows equal to one process's (1 x 4 x 2): the same
+weights at the start (zero.Init's, which differ from a plain build's) and the same batches.
+Here the global batch is one micro batch of 8 (grad_accum 1): under Ulysses the Trainer
+weights accumulated micro batches equally, not by their tokens (docs/stack-notes.md), so
+only a single micro batch per step is the token-weighted batch of the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from runs import Run, assert_resumed_like, callbacks, describe_failure, launch, plan_run
+from test_train_strategies import run_name, strategy_overrides
+
+from launcher.config.compose import compose_config
+from launcher.config.validate import validate
+from launcher.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+
+SP = ["strategy=zero3", "parallel.sp=2", "cluster.gpus_per_node=2", "precision=fp32",
+      "train.micro_batch_size=8", "train.grad_accum=1"]
+STOP = 4
+
+
+@pytest.fixture(scope="module")
+def sp_chain(runs_root: Path) -> tuple[Run, Run]:
+    first = launch(plan_run(runs_root, "sp2", [*SP, callbacks(stop=STOP)]))
+    assert first.returncode == 0, describe_failure(first)
+    second = launch(plan_run(runs_root, "sp2", [*SP, callbacks("SequenceProbe", "LogitsProbe")]))
+    assert second.returncode == 0, describe_failure(second)
+    return first, second
+
+
+def test_sp2_trains_like_zero3_alone_and_resumes_exactly(
+    trained: Callable[..., Run], sp_chain: tuple[Run, Run],
+) -> None:
+    reference = trained(run_name("zero3", "torchrun", "fp32"),
+                        strategy_overrides("zero3", "torchrun", "fp32"))
+    assert_resumed_like(sp_chain, reference, STOP)
+
+
+def test_sp2_splits_every_sequence_and_saves_the_whole_model(
+    sp_chain: tuple[Run, Run],
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _, second = sp_chain
+    width = compose_config(SP).dataset.max_length  # every batch padded to it (even)
+    for rank in (0, 1):
+        shapes = second.probe("sequence", rank)["shapes"]
+        assert len(shapes) == 8 - STOP  # one micro batch per resumed step
+        assert all(shape == [8, width // 2] for shape in shapes), shapes
+    model = AutoModelForCausalLM.from_pretrained(second.run_dir / "model")
+    probe = second.logits()
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_sp_layouts_that_cannot_work_are_refused_before_launch() -> None:
+    bad = compose_config(["strategy=zero2", "parallel.sp=4", "cluster.gpus_per_node=2",
+                          "model.num_heads=6", "model.num_kv_heads=3", "dataset.packing=true",
+                          "peft=lora", "parallel.tp=2"])
+    with pytest.raises(ConfigError) as refused:
+        validate(bad, "plan")
+    text = str(refused.value)
+    for needle in ("parallel.sp=4 with 2 ranks",
+                   "parallel.sp=4 with model.num_heads=6",
+                   "parallel.sp=4 with model.num_kv_heads=3",
+                   "parallel.sp=4 with dataset.packing=true",
+                   "parallel.sp=4 with peft=lora",
+                   "parallel.tp=2 with parallel.sp=4",
+                   "under ZeRO-2 gives gradients 4 times too large"):
+        assert needle in text, text
+    for strategy, reason in (("zero3_offload", "with offload is not measured"),
+                             ("fsdp", "runs on DeepSpeed Ulysses under ZeRO-3")):
+        with pytest.raises(ConfigError, match=reason):
+            validate(compose_config([f"strategy={strategy}", "parallel.sp=2"]), "plan")
