@@ -73,6 +73,7 @@ def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
             lines.append(f"{label}: {sum(values) / len(values):.4g} (mean of {len(values)} logs)")
     lines += _memory_lines(estimate, ranks)
     lines += _time_lines(run_dir, history)
+    lines += straggler_lines(history)
     return "\n".join(lines)
 
 
@@ -101,6 +102,36 @@ def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
     seconds = _estimated_seconds(run_dir, tokens) if tokens else None
     if seconds is not None:
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
+    return lines
+
+
+def straggler_lines(history: list[MetricsEvent]) -> list[str]:
+    """The slowest rank and how long the others waited for it, from each train log's
+    per-rank busy seconds per step (launcher/rank/callbacks/step_times.py: step begin to
+    the end of the rank's own backward). In each logged interval every rank waited for
+    the busiest one: its busy time minus their own, per step."""
+    rows = [(e.values["rank_busy_s"], int(e.values.get("busy_steps", 1))) for e in history
+            if e.kind == "log" and e.values.get("rank_busy_s")]
+    if not rows:
+        return []
+    measured = [(busy, steps) for busy, steps in rows if None not in busy]
+    if not measured:
+        return ["per-rank busy time: not measured (no rank's backward reached the "
+                "gradient of its first parameter: FSDP2 accumulates into its own copies)"]
+    ranks = len(measured[0][0])
+    steps = sum(n for _, n in measured)
+    busy = [sum(row[r] * n for row, n in measured) / steps for r in range(ranks)]
+    waited = [sum((max(row) - row[r]) * n for row, n in measured) for r in range(ranks)]
+    slowest = max(range(ranks), key=busy.__getitem__)
+    fastest = min(range(ranks), key=busy.__getitem__)
+    others = [waited[r] for r in range(ranks) if r != slowest]
+    lines = [f"slowest rank: {slowest}, busy {busy[slowest]:.3f} s/step (fastest: rank "
+             f"{fastest}, {busy[fastest]:.3f} s/step; busy = step begin to the end of the "
+             f"rank's own backward, {steps} steps)"]
+    if others:
+        lines.append(f"the other ranks waited for the busiest {sum(others) / len(others):.2f} s "
+                     f"each over those steps ({max(others):.2f} s at most, rank "
+                     f"{max((r for r in range(ranks) if r != slowest), key=waited.__getitem__)})")
     return lines
 
 
