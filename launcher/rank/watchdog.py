@@ -128,6 +128,8 @@ def dump_flight_recorder(path: Path) -> str | None:
     """torch's NCCL flight recorder (the collectives each rank entered, in flight or done)
     as JSON, when this rank has an NCCL process group that recorded; else None. Guarded:
     a private torch API (torch 2.13: _dump_fr_trace_json)."""
+    if "torch" not in sys.modules:
+        return None  # no torch, no process group
     try:
         import torch.distributed as dist
 
