@@ -60,12 +60,14 @@ class Watchdog:
 
     def __init__(self, run_dir: RunDir, rank: int, world_size: int, step_bound_s: float,
                  first_bound_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 exit_process: Callable[[int], None] | None = None) -> None:
+                 exit_process: Callable[[int], None] | None = None,
+                 cleanup: Callable[[], None] | None = None) -> None:
         self.run_dir = run_dir
         self.rank, self.world_size = rank, world_size
         self.step_bound_s, self.first_bound_s = step_bound_s, first_bound_s
         self.clock = clock
         self.exit_process = exit_process or _exit_now
+        self.cleanup = cleanup
         self.step = 0
         self.stepped = False
         self.last = clock()
@@ -116,6 +118,8 @@ class Watchdog:
               f"{files.hang_stacks(self.rank)}; exiting {HUNG_EXIT}", file=sys.stderr,
               flush=True)
         self.wait_for_peers(PEER_GRACE_S)
+        if self.cleanup is not None:
+            self.cleanup()
         self.exit_process(HUNG_EXIT)
 
     def wait_for_peers(self, grace_s: float) -> None:
@@ -145,17 +149,19 @@ def dump_flight_recorder(path: Path) -> str | None:
 
 
 def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s: float,
-                   on_gpu: bool) -> Watchdog | None:
+                   on_gpu: bool, cleanup: Callable[[], None] | None = None) -> Watchdog | None:
     """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0).
     Called before the process group exists: on GPUs it turns on the NCCL flight recorder,
-    read when a process group is created (unless the user set its size)."""
+    read when a process group is created (unless the user set its size). `cleanup` runs
+    just before the exit (the worker's shared-memory release: os._exit skips its finally)."""
     if hang_timeout_s <= 0:
         return None
     if on_gpu and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
         os.environ["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return Watchdog(run_dir, rank, world_size, hang_timeout_s, first_step_timeout_s).start()
+    return Watchdog(run_dir, rank, world_size, hang_timeout_s, first_step_timeout_s,
+                    cleanup=cleanup).start()
 
 
 def _exit_now(code: int) -> None:

@@ -84,7 +84,8 @@ def train(run_dir: RunDir) -> NoReturn:
     # From here a rank without progress ends with its stacks (before the process group:
     # its set-up and the first step are under train.first_step_timeout_s).
     watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
-                              cfg.train.first_step_timeout_s, on_gpu=not on_cpu)
+                              cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
+                              cleanup=release_deepspeed_shm)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
     accelerator_config = setup_distributed(cfg, on_cpu)

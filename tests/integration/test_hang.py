@@ -55,6 +55,8 @@ def test_a_hung_rank_ends_the_run_with_its_stacks_and_the_same_command_resumes(
 
     records = run_dir.read_hangs()
     assert [r.rank for r in records] == [0, 1]
+    RUN_TIMES["hang (last progress -> ftl train exit)"] = ended - min(
+        r.time - r.waited_s for r in records)
     for record in records:
         assert record.step == 3 and record.bound_s == BOUND_S
         assert BOUND_S <= record.waited_s < BOUND_S + 2, record
