@@ -205,10 +205,10 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
             f"{result.final_train_loss}, world size {result.world_size}); model: "
             f"{result.model_dir}"
         )
+    elif hung := hang_lines(run_dir, _world_size(run_dir)):  # even after a stop request
+        lines += [f"run: {hung[0]}", *hung[1:]]
     elif run_dir.cancel_requested.exists():
         lines.append(_cancelled_line(run_dir))
-    elif hung := hang_lines(run_dir, _world_size(run_dir)):
-        lines += [f"run: {hung[0]}", *hung[1:]]
     elif run_dir.preempted.exists():
         stopped = run_dir.read_preempted()
         step = stopped.step if stopped else None

@@ -114,7 +114,10 @@ def test_the_summary_names_the_users_frame_not_the_library_it_waits_in(
     assert lines[2].startswith("  rank 0: no hang record") and lines[3].startswith("  rank 2:")
 
 
-def test_a_rank_in_torch_only_is_named_by_its_collective_and_caller() -> None:
+def test_a_rank_in_torch_only_is_named_by_its_collective_and_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(PROJECT_ROOT)  # paths under the working directory are shown relative
     site = "/venv/lib/python3.11/site-packages"
     frames = [Frame(f"{site}/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
               Frame(f"{site}/torch/distributed/c10d_logger.py", 83, "wrapper"),
