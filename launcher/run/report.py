@@ -108,31 +108,50 @@ def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
 def straggler_lines(history: list[MetricsEvent]) -> list[str]:
     """The slowest rank and how long the others waited for it, from each train log's
     per-rank busy seconds per step (launcher/rank/callbacks/step_times.py: step begin to
-    the end of the rank's own backward). In each logged interval every rank waited for
-    the busiest one: its busy time minus their own, per step."""
-    rows = [(e.values["rank_busy_s"], int(e.values.get("busy_steps", 1))) for e in history
-            if e.kind == "log" and e.values.get("rank_busy_s")]
+    the end of the rank's own backward), and the ranks' forward seconds. In each logged
+    interval every rank waited for the busiest one: its busy time minus their own."""
+    rows = [e.values for e in history if e.kind == "log" and e.values.get("rank_busy_s")]
     if not rows:
         return []
-    measured = [(busy, steps) for busy, steps in rows if None not in busy]
+    measured = [(v["rank_busy_s"], int(v.get("busy_steps", 1))) for v in rows
+                if None not in v["rank_busy_s"]]
     if not measured:
-        return ["per-rank busy time: not measured (no rank's backward reached the "
-                "gradient of its first parameter: FSDP2 accumulates into its own copies)"]
-    ranks = len(measured[0][0])
-    steps = sum(n for _, n in measured)
-    busy = [sum(row[r] * n for row, n in measured) / steps for r in range(ranks)]
+        return ["per-rank busy time: not measured (no rank's backward reached the gradient "
+                "of its first trainable parameter)"]
+    ranks, steps = len(measured[0][0]), sum(n for _, n in measured)
+    means = _per_step(measured)
     waited = [sum((max(row) - row[r]) * n for row, n in measured) for r in range(ranks)]
-    slowest = max(range(ranks), key=busy.__getitem__)
-    fastest = min(range(ranks), key=busy.__getitem__)
-    others = [waited[r] for r in range(ranks) if r != slowest]
-    lines = [f"slowest rank: {slowest}, busy {busy[slowest]:.3f} s/step (fastest: rank "
-             f"{fastest}, {busy[fastest]:.3f} s/step; busy = step begin to the end of the "
+    slowest, fastest = _extremes(means)
+    lines = [f"slowest rank: {slowest}, busy {means[slowest]:.3f} s/step (fastest: rank "
+             f"{fastest}, {means[fastest]:.3f} s/step; busy = step begin to the end of the "
              f"rank's own backward, {steps} steps)"]
+    others = [r for r in range(ranks) if r != slowest]
     if others:
-        lines.append(f"the other ranks waited for the busiest {sum(others) / len(others):.2f} s "
-                     f"each over those steps ({max(others):.2f} s at most, rank "
-                     f"{max((r for r in range(ranks) if r != slowest), key=waited.__getitem__)})")
+        most = max(others, key=waited.__getitem__)
+        lines.append(f"the other ranks waited for the busiest "
+                     f"{sum(waited[r] for r in others) / len(others):.2f} s each over those "
+                     f"steps ({waited[most]:.2f} s at most, rank {most})")
+    forward = [(v["rank_forward_s"], int(v.get("busy_steps", 1))) for v in rows
+               if v.get("rank_forward_s") and None not in v["rank_forward_s"]]
+    if forward and ranks > 1:
+        f_means = _per_step(forward)
+        f_slow, f_fast = _extremes(f_means)
+        lines.append(f"forward: slowest rank {f_slow}, {f_means[f_slow]:.3f} s/step (fastest: "
+                     f"rank {f_fast}, {f_means[f_fast]:.3f}; no collective in it under DDP "
+                     "and ZeRO-1/2)")
     return lines
+
+
+def _per_step(rows: list[tuple[list[float], int]]) -> list[float]:
+    """Each rank's mean over logged intervals of per-step means, weighted by steps."""
+    steps = sum(n for _, n in rows)
+    return [sum(row[r] * n for row, n in rows) / steps for r in range(len(rows[0][0]))]
+
+
+def _extremes(values: list[float]) -> tuple[int, int]:
+    """(index of the largest, index of the smallest)."""
+    return max(range(len(values)), key=values.__getitem__), min(range(len(values)),
+                                                                key=values.__getitem__)
 
 
 def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:

@@ -84,8 +84,9 @@ def test_a_hung_rank_ends_the_run_with_its_stacks_and_the_same_command_resumes(
     rows = [e.values for e in run_dir.read_metrics() if "rank_busy_s" in e.values]
     assert [len(v["rank_busy_s"]) for v in rows] == [2, 2], rows
     assert all(v["rank_busy_s"][1] > v["rank_busy_s"][0] + SLOW_S / 2 for v in rows), rows
+    assert all(v["rank_forward_s"][1] > v["rank_forward_s"][0] + SLOW_S / 2 for v in rows)
     text, _ = report(run_dir.path)  # `ftl report RUN_DIR`
-    assert "slowest rank: 1, busy " in text, text
+    assert "slowest rank: 1, busy " in text and "forward: slowest rank 1, " in text, text
 
     started = time.monotonic()
     again = ftl_train(tmp_path)  # the same command, without the injected hang

@@ -129,15 +129,21 @@ def test_a_rank_in_torch_only_is_named_by_its_collective_and_caller(
     assert where(backward) == "in _engine_run_backward (torch/autograd/graph.py:829)"
 
 
-def log(step: int, busy: list[float | None], steps: int = 1) -> MetricsEvent:
-    return MetricsEvent(step, values={"loss": 1.0, "rank_busy_s": busy, "busy_steps": steps})
+def log(step: int, busy: list[float | None], steps: int = 1,
+        forward: list[float | None] | None = None) -> MetricsEvent:
+    values = {"loss": 1.0, "rank_busy_s": busy, "busy_steps": steps}
+    if forward is not None:
+        values["rank_forward_s"] = forward
+    return MetricsEvent(step, values=values)
 
 
 def test_the_report_names_the_slowest_rank_and_the_others_wait() -> None:
-    history = [log(2, [0.1, 0.5, 0.2], steps=2), log(3, [0.1, 0.4, 0.1])]
-    slowest, waited = straggler_lines(history)
+    history = [log(2, [0.1, 0.5, 0.2], steps=2, forward=[0.05, 0.3, 0.06]),
+               log(3, [0.1, 0.4, 0.1], forward=[0.05, 0.2, 0.07])]
+    slowest, waited, forward = straggler_lines(history)
     assert slowest.startswith("slowest rank: 1, busy 0.467 s/step (fastest: rank 0, 0.100")
     # rank 0 waited 2 x 0.4 + 0.3 = 1.1 s, rank 2 2 x 0.3 + 0.3 = 0.9 s
     assert "waited for the busiest 1.00 s each" in waited and "1.10 s at most, rank 0" in waited
+    assert forward.startswith("forward: slowest rank 1, 0.267 s/step (fastest: rank 0, 0.050")
     assert "not measured" in straggler_lines([log(2, [None, None])])[0]
     assert straggler_lines([MetricsEvent(1, values={"loss": 1.0})]) == []

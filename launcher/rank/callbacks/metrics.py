@@ -28,8 +28,9 @@ class MetricsCallback(TrainerCallback):
     each metrics line names its launch, so a resume is never mistaken for a restart.
     At the end of each launch's first step rank 0 prints and records where its start-up
     went ("startup"); the worker adds "finish" after the final eval and save
-    (launcher/timing.py). Each train log line also carries every rank's busy seconds per
-    step since the previous one ("rank_busy_s", "busy_steps": callbacks/step_times.py)."""
+    (launcher/timing.py). Each train log line also carries every rank's busy and forward
+    seconds per step since the previous one ("rank_busy_s", "rank_forward_s",
+    "busy_steps": callbacks/step_times.py)."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:
@@ -65,13 +66,14 @@ class MetricsCallback(TrainerCallback):
         self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
         logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
         # Every rank logs the training loss at the same steps: the busy times meet there.
-        busy = self.step_times.gather() if "loss" in logs else None
+        times = self.step_times.gather() if "loss" in logs else None
         if not state.is_world_process_zero:
             return
         values = {k: v for k, v in logs.items() if k != "peak_memory_mib"}
-        if busy is not None and busy[1]:
-            values["rank_busy_s"] = [None if math.isnan(s) else round(s, 5) for s in busy[0]]
-            values["busy_steps"] = busy[1]
+        if times is not None and times[2]:
+            busy, forward, steps = times
+            values.update(rank_busy_s=_rounded(busy), rank_forward_s=_rounded(forward),
+                          busy_steps=steps)
         event = self._event("log", values, state, logs["peak_memory_mib"])
         self.run_dir.append_metrics(event)
         print(progress_line(event, state.max_steps), flush=True)
@@ -140,6 +142,11 @@ class MetricsCallback(TrainerCallback):
         self.run_dir.write_rank_metrics(RankMetrics(
             args.process_index, round(peak_memory_mib(), 1),
             int(state.num_input_tokens_seen or 0)))
+
+
+def _rounded(seconds: list[float]) -> list[float | None]:
+    """Per rank, for metrics.jsonl: None where nothing was measured (JSON has no NaN)."""
+    return [None if math.isnan(s) else round(s, 5) for s in seconds]
 
 
 def record_finish(trainer: Any) -> None:
