@@ -16,7 +16,7 @@ the Trainer's token-count gather just before it lines the ranks up):
   reduces (DeepSpeed) have already evened out the busy figures.
 Under ZeRO-3 and FSDP2 the forward's all-gathers and the backward's reduce-scatters line
 the ranks up inside both windows, so neither figure tells the ranks apart (measured on 2
-CPU ranks with one rank's forwards 0.3 s slower: equal within 2 %, docs/stack-notes.md).
+CPU ranks with one rank's forwards 0.3 s slower: equal within 10 %, docs/stack-notes.md).
 
 Cost: one gradient hook on one parameter, a forward pre-hook and hook on the model, a
 clock read each; on GPUs CUDA events instead, read at the step end (where the Trainer's
