@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.rundir import HUNG_EXIT, HangRecord, RunDir
+from launcher.rundir import HANG, HUNG_EXIT, HangRecord, RunDir
 
 PEER_GRACE_S = 10.0
 """How long a rank whose watchdog ran out waits for the other ranks' records."""
@@ -103,24 +103,34 @@ class Watchdog:
                 return
 
     def fire(self, waited: float) -> None:
-        """Stacks, flight recorder, record; the peers' records (bounded); exit."""
+        """Stacks, flight recorder, record; the peers' records (bounded); exit. A run dir
+        that cannot be written (a full disk) gets the stacks on stderr instead: the rank
+        still ends."""
+        try:
+            where = self.write(waited)
+        except OSError as err:
+            where = f"stderr (RUN_DIR/{HANG}: {err})"
+            faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
+              f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
+              f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
+        self.wait_for_peers(PEER_GRACE_S)
+        if self.cleanup is not None:
+            self.cleanup()
+        self.exit_process(HUNG_EXIT)
+
+    def write(self, waited: float) -> str:
+        """hang/rank-<R>.txt, the flight recorder, then rank-<R>.json (last: its presence
+        tells the peers and `ftl train` that the rest is there); returns the stacks' path."""
         files = self.run_dir
         files.hang.mkdir(parents=True, exist_ok=True)
         with files.hang_stacks(self.rank).open("w") as out:
             faulthandler.dump_traceback(out, all_threads=True)
         recorder = dump_flight_recorder(files.flight_recorder_file(self.rank))
-        record = HangRecord(self.rank, socket.gethostname(), os.getpid(), self.step,
-                            round(waited, 3), self.bound_s(), time.time(),
-                            threading.main_thread().ident or 0, recorder)
-        files.write_hang(record)
-        print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
-              f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
-              f"{files.hang_stacks(self.rank)}; exiting {HUNG_EXIT}", file=sys.stderr,
-              flush=True)
-        self.wait_for_peers(PEER_GRACE_S)
-        if self.cleanup is not None:
-            self.cleanup()
-        self.exit_process(HUNG_EXIT)
+        files.write_hang(HangRecord(self.rank, socket.gethostname(), os.getpid(), self.step,
+                                    round(waited, 3), self.bound_s(), time.time(),
+                                    threading.main_thread().ident or 0, recorder))
+        return str(files.hang_stacks(self.rank))
 
     def wait_for_peers(self, grace_s: float) -> None:
         deadline = self.clock() + grace_s
