@@ -138,7 +138,8 @@ _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 class MetricsEvent:
     """A metrics.jsonl line (rank 0), by kind:
     - "log": the Trainer's log dict in `values` (loss, learning_rate, eval_loss, the final
-      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/rank/callbacks/metrics.py);
+      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/rank/callbacks/metrics.py;
+      on train logs also rank_busy_s, rank_forward_s, busy_steps: step_times.py);
     - "startup" / "finish": seconds per phase in `values` (launcher/timing.py);
     - "save": `values` {"seconds", "bytes"} of one checkpoint save.
 
