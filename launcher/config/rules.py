@@ -39,7 +39,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names, model_parallel_problems,
+        _multi_node, _plain_names, model_parallel_problems, _watchdog,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -310,6 +310,25 @@ def _callbacks(cfg: RunConfig) -> list[str]:
                 "here (the ranks start in this directory). Fix: check the dotted path."
             )
     return problems
+
+
+def _watchdog(cfg: RunConfig) -> list[str]:
+    """The hang watchdog's bounds (launcher/rank/watchdog.py): off at hang_timeout_s <= 0;
+    on, the first step's bound must be positive and no shorter than a step's."""
+    train = cfg.train
+    if train.hang_timeout_s <= 0:
+        return []
+    if train.first_step_timeout_s <= 0:
+        return [f"train.first_step_timeout_s={train.first_step_timeout_s}: must be greater "
+                "than 0 while the watchdog is on (train.hang_timeout_s="
+                f"{train.hang_timeout_s}). Fix: e.g. train.first_step_timeout_s=3600, or "
+                "train.hang_timeout_s=0 to turn the watchdog off."]
+    if train.first_step_timeout_s < train.hang_timeout_s:
+        return [f"train.first_step_timeout_s={train.first_step_timeout_s}: shorter than "
+                f"train.hang_timeout_s={train.hang_timeout_s}, but the first step also loads "
+                "and compiles. Fix: train.first_step_timeout_s="
+                f"{train.hang_timeout_s:g} or more."]
+    return []
 
 
 def _module_exists(module: str) -> bool:

@@ -276,6 +276,14 @@ class TrainConfig:
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
     (e.g. the probes the integration tests inject)."""
+    hang_timeout_s: float = 1800.0
+    """Hang watchdog: seconds without progress (an optimizer step, an eval batch, a
+    finished save) after which every rank writes the stacks of its threads to RUN_DIR/hang/
+    and the run ends with exit code 76 (resumable from the last complete checkpoint). 0 or
+    negative: no watchdog. Must exceed the slowest step and the longest checkpoint save."""
+    first_step_timeout_s: float = 3600.0
+    """The watchdog's bound until a launch's first optimizer step (model loading,
+    compilation, process-group set-up); at least train.hang_timeout_s."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 
 from launcher.config.schema import RunConfig
 from launcher.engines import engine_of
+from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
 
 
@@ -89,6 +90,8 @@ def training_arguments(
         include_num_input_tokens_seen="all",
         accelerator_config=accelerator_config or None,
         ddp_find_unused_parameters=False,
+        # Collectives outwait the hang watchdog, so it is the one that reports a hang.
+        ddp_timeout=collective_timeout_s(t.hang_timeout_s, t.first_step_timeout_s),
         disable_tqdm=True,  # MetricsCallback prints one progress line per log event
     )
     if on_cpu:

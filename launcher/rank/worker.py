@@ -31,6 +31,7 @@ from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
 
 
@@ -80,6 +81,11 @@ def train(run_dir: RunDir) -> NoReturn:
     # disk, so no collective can time out however long it takes.
     datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
     timing.mark("data_loaded")
+    # From here a rank without progress ends with its stacks (before the process group:
+    # its set-up and the first step are under train.first_step_timeout_s).
+    watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
+                              cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
+                              cleanup=release_deepspeed_shm)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
     accelerator_config = setup_distributed(cfg, on_cpu)
@@ -96,6 +102,9 @@ def train(run_dir: RunDir) -> NoReturn:
     trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
+    from launcher.rank.callbacks.progress import ProgressBeat  # after import_stack
+
+    ProgressBeat.install(trainer, watchdog)
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)

@@ -14,8 +14,9 @@ from launcher.config.compose import compose_config
 from launcher.config.validate import Checked, Target, validate
 from launcher.rank.checkpoints import latest_complete_checkpoint
 from launcher.run.command import Launch
+from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
-from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
+from launcher.run.supervise import ABORTED_EXIT, HUNG_EXIT, STOPPED_EXIT, supervise
 from launcher.rundir import (
     LAUNCH_SCRIPT,
     RunDir,
@@ -84,7 +85,8 @@ def build_run(checked: Checked, overrides: list[str]) -> Prepared:
 def run_local(prepared: Prepared) -> int:
     """Start the launcher and watch it (launcher/run/supervise.py: Ctrl-C and SIGTERM stop at a
     step boundary after a checkpoint); on failure say which rank failed and where its log is.
-    Exit status: 0 finished, STOPPED_EXIT stopped and resumable, ABORTED_EXIT aborted."""
+    Exit status: 0 finished, STOPPED_EXIT stopped and resumable, HUNG_EXIT ended by the
+    ranks' hang watchdog (where each rank was is printed; resumable), ABORTED_EXIT aborted."""
     run_dir = RunDir(prepared.run_dir)
     print(f"ftl train: run dir {run_dir.path} (per-rank logs in {run_dir.logs})", flush=True)
     started = timing.process_start_time()
@@ -110,8 +112,20 @@ def run_local(prepared: Prepared) -> int:
             flush=True,
         )
         return STOPPED_EXIT
+    hung = hang_lines(run_dir, prepared.plan.cfg.world_size)
+    if hung:
+        print("\n".join(["ftl train: " + hung[0], *hung[1:], hang_resume_line(run_dir)]),
+              file=sys.stderr, flush=True)
+        return HUNG_EXIT
     print(failure_report(run_dir, done.returncode), file=sys.stderr)
     return 1
+
+
+def hang_resume_line(run_dir: RunDir) -> str:
+    kept = latest_complete_checkpoint(run_dir.checkpoints)
+    where = f"from {kept}" if kept else "from the start (no complete checkpoint yet)"
+    return (f"ftl train: the same command resumes {where} (run.resume=auto). Exit status "
+            f"{HUNG_EXIT}: hung, stopped by the watchdog (train.hang_timeout_s).")
 
 
 def failure_report(run_dir: RunDir, returncode: int) -> str:

@@ -73,6 +73,7 @@ def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
             lines.append(f"{label}: {sum(values) / len(values):.4g} (mean of {len(values)} logs)")
     lines += _memory_lines(estimate, ranks)
     lines += _time_lines(run_dir, history)
+    lines += straggler_lines(history)
     return "\n".join(lines)
 
 
@@ -102,6 +103,55 @@ def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
     if seconds is not None:
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
     return lines
+
+
+def straggler_lines(history: list[MetricsEvent]) -> list[str]:
+    """The slowest rank and how long the others waited for it, from each train log's
+    per-rank busy seconds per step (launcher/rank/callbacks/step_times.py: step begin to
+    the end of the rank's own backward), and the ranks' forward seconds. In each logged
+    interval every rank waited for the busiest one: its busy time minus their own."""
+    rows = [e.values for e in history if e.kind == "log" and e.values.get("rank_busy_s")]
+    if not rows:
+        return []
+    measured = [(v["rank_busy_s"], int(v.get("busy_steps", 1))) for v in rows
+                if None not in v["rank_busy_s"]]
+    if not measured:
+        return ["per-rank busy time: not measured (no rank's backward reached the gradient "
+                "of its first trainable parameter)"]
+    ranks, steps = len(measured[0][0]), sum(n for _, n in measured)
+    means = _per_step(measured)
+    waited = [sum((max(row) - row[r]) * n for row, n in measured) for r in range(ranks)]
+    slowest, fastest = _extremes(means)
+    lines = [f"slowest rank: {slowest}, busy {means[slowest]:.3f} s/step (fastest: rank "
+             f"{fastest}, {means[fastest]:.3f} s/step; busy = step begin to the end of the "
+             f"rank's own backward, {steps} steps)"]
+    others = [r for r in range(ranks) if r != slowest]
+    if others:
+        most = max(others, key=waited.__getitem__)
+        lines.append(f"the other ranks waited for the busiest "
+                     f"{sum(waited[r] for r in others) / len(others):.2f} s each over those "
+                     f"steps ({waited[most]:.2f} s at most, rank {most})")
+    forward = [(v["rank_forward_s"], int(v.get("busy_steps", 1))) for v in rows
+               if v.get("rank_forward_s") and None not in v["rank_forward_s"]]
+    if forward and ranks > 1:
+        f_means = _per_step(forward)
+        f_slow, f_fast = _extremes(f_means)
+        lines.append(f"forward: slowest rank {f_slow}, {f_means[f_slow]:.3f} s/step (fastest: "
+                     f"rank {f_fast}, {f_means[f_fast]:.3f}; no collective in it under DDP "
+                     "and ZeRO-1/2)")
+    return lines
+
+
+def _per_step(rows: list[tuple[list[float], int]]) -> list[float]:
+    """Each rank's mean over logged intervals of per-step means, weighted by steps."""
+    steps = sum(n for _, n in rows)
+    return [sum(row[r] * n for row, n in rows) / steps for r in range(len(rows[0][0]))]
+
+
+def _extremes(values: list[float]) -> tuple[int, int]:
+    """(index of the largest, index of the smallest)."""
+    return max(range(len(values)), key=values.__getitem__), min(range(len(values)),
+                                                                key=values.__getitem__)
 
 
 def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from launcher.rundir.records import (
     CompleteMarker,
+    HangRecord,
     LaunchRecord,
     MetricsEvent,
     PlanRecord,
@@ -49,6 +50,13 @@ METRICS = "metrics.jsonl"
 RESULT = "result.json"
 LOGS = "logs"
 PROBES = "probes"
+HUNG_EXIT = 76
+"""A rank's exit status when its hang watchdog ended it, and `ftl train`'s (and a Slurm
+job's) when the run ended that way: resumable from the last complete checkpoint, like
+75 (stopped). Here because it is a contract between the ranks and the launcher."""
+HANG = "hang"
+"""RUN_DIR/hang/: rank-<R>.txt (every thread's stack) and rank-<R>.json (HangRecord),
+written by rank R's hang watchdog (launcher/rank/watchdog.py)."""
 COMPLETE_MARKER = "COMPLETE"
 """checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
@@ -86,6 +94,7 @@ class RunDir:
     tensorboard = _file("tensorboard")
     logs = _file(LOGS)
     probes = _file(PROBES)
+    hang = _file(HANG)
     report_png = _file("report.png")
     job_id = _file("job_id")
     preempt_requested = _file(PREEMPT_REQUESTED)
@@ -98,6 +107,28 @@ class RunDir:
     def rank_errors(self) -> dict[str, Path]:
         """rank -> its logs/rank<R>.error (the ranks that failed), by file name."""
         return {p.stem.removeprefix("rank"): p for p in sorted(self.logs.glob("rank*.error"))}
+
+    def hang_stacks(self, rank: int | str) -> Path:
+        return self.hang / f"rank-{rank}.txt"
+
+    def hang_record_file(self, rank: int | str) -> Path:
+        return self.hang / f"rank-{rank}.json"
+
+    def flight_recorder_file(self, rank: int | str) -> Path:
+        return self.hang / f"rank-{rank}.fr.json"
+
+    def write_hang(self, record: HangRecord) -> None:
+        """Atomic: a reader (another rank counting peers, `ftl train`) sees it whole."""
+        self.hang.mkdir(exist_ok=True)
+        write_file_atomic(self.hang_record_file(record.rank),
+                          json.dumps(record.to_dict()) + "\n")
+
+    def read_hangs(self) -> list[HangRecord]:
+        """Every rank's hang record, by rank; unreadable ones are skipped."""
+        files = [p for p in self.hang.glob("rank-*.json")
+                 if p.stem.removeprefix("rank-").isdigit()]  # not rank-<R>.fr.json
+        found = (_read_optional(p, HangRecord) for p in files)
+        return sorted((r for r in found if r is not None), key=lambda r: r.rank)
 
     def is_finished(self) -> bool:
         return self.result.is_file() and not self.preempted.exists()

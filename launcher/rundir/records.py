@@ -110,6 +110,29 @@ class Preempted(Record):
     reason: str
 
 
+@dataclass(frozen=True)
+class HangRecord(Record):
+    """hang/rank-<R>.json (rank R's watchdog, launcher/rank/watchdog.py): no progress
+    within the bound; the stacks of every thread are in hang/rank-<R>.txt."""
+
+    rank: int
+    host: str
+    pid: int
+    step: int
+    """The last optimizer step this rank completed (before the first of this launch: the
+    step it resumed from, 0 for a fresh run)."""
+    waited_s: float
+    """Seconds since the rank's last progress (a step, an eval batch, a save)."""
+    bound_s: float
+    """The bound that ran out: train.hang_timeout_s, or first_step_timeout_s before the
+    first step."""
+    time: float
+    main_thread: int
+    """threading.main_thread().ident: its stack in the dump is "Thread 0x<ident in hex>"."""
+    flight_recorder: str | None = None
+    """The NCCL flight recorder's dump beside the stacks (GPU runs), if torch had one."""
+
+
 _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 
 
@@ -117,7 +140,8 @@ _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 class MetricsEvent:
     """A metrics.jsonl line (rank 0), by kind:
     - "log": the Trainer's log dict in `values` (loss, learning_rate, eval_loss, the final
-      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/rank/callbacks/metrics.py);
+      train_loss/train_runtime, tokens_per_s, tflops, mfu; launcher/rank/callbacks/metrics.py;
+      on train logs also rank_busy_s, rank_forward_s, busy_steps: step_times.py);
     - "startup" / "finish": seconds per phase in `values` (launcher/timing.py);
     - "save": `values` {"seconds", "bytes"} of one checkpoint save.
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import launcher.schedulers.base
 from launcher.errors import ConfigError
+from launcher.run.hang_report import hang_lines
 from launcher.run.supervise import STOPPED_EXIT
 from launcher.rundir import RunDir, job_script_name, write_file_atomic, write_run_dir
 from launcher.schedulers.base import SCHEDULERS, JobInfo, Scheduler, get_scheduler
@@ -204,6 +205,8 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
             f"{result.final_train_loss}, world size {result.world_size}); model: "
             f"{result.model_dir}"
         )
+    elif hung := hang_lines(run_dir, _world_size(run_dir)):  # even after a stop request
+        lines += [f"run: {hung[0]}", *hung[1:]]
     elif run_dir.cancel_requested.exists():
         lines.append(_cancelled_line(run_dir))
     elif run_dir.preempted.exists():
@@ -216,6 +219,14 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
     lines.append(f"latest complete checkpoint: {checkpoint or 'none yet'}")
     lines.append(f"logs: {run_dir.logs}")
     return lines
+
+
+def _world_size(run_dir: RunDir) -> int | None:
+    """From plan.json, to name the ranks that left no hang record."""
+    try:
+        return run_dir.read_plan().world_size
+    except (OSError, ValueError):
+        return None
 
 
 def _cancelled_line(run_dir: RunDir) -> str:

@@ -639,3 +639,35 @@ class FillDisk(TrainerCallback):
             while (free := shutil.disk_usage(self.path).free) > self.leave_bytes:
                 filler.write(bytes(min(2**20, free - self.leave_bytes)))
                 filler.flush()
+
+
+class BlockAtStep(TrainerCallback):
+    """Rank `rank` stops making progress at the end of step `step` (a rank stuck in the
+    user's code while the others wait in a collective): it sleeps `seconds` there. Before
+    that, with `slow_s`, each of its forward passes takes that much longer (a slower
+    device: a straggler the others wait for in the gradient all-reduce)."""
+
+    def __init__(self, step: int, rank: int = 1, seconds: float = 3600.0,
+                 slow_s: float = 0.0) -> None:
+        self.step, self.rank, self.seconds, self.slow_s = step, rank, seconds, slow_s
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+        model: nn.Module | None = None, **kw: Any,
+    ) -> None:
+        if self.slow_s > 0 and args.process_index == self.rank and model is not None:
+            model.register_forward_pre_hook(self._slow_forward)
+
+    def _slow_forward(self, module: nn.Module, inputs: Any) -> None:
+        import time
+
+        if module.training:
+            time.sleep(self.slow_s)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        import time
+
+        if state.global_step == self.step and args.process_index == self.rank:
+            time.sleep(self.seconds)

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from launcher.rundir import RunDir
 from launcher.schedulers.slurm.client import scancel, show_job
 from launcher.schedulers.submit import (
     cancel,
@@ -313,8 +314,21 @@ def two_node_deepspeed(slurm: None, tmp_path_factory: pytest.TempPathFactory) ->
     cancel_unfinished(job)
 
 
+@pytest.fixture(scope="module")
+def hung_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """Two nodes, one rank each; rank 1 stops at step 3's end (BlockAtStep) with a 6 s
+    hang bound and a checkpoint at step 2."""
+    block = "train.callbacks=[{_target_:tests.integration.probes.BlockAtStep,step:3}]"
+    job = submit_job([*TINY, "train.max_steps=4", "train.save_steps=2", "cluster.nodes=2",
+                      "cluster.gpus_per_node=1", "train.hang_timeout_s=6",
+                      "train.first_step_timeout_s=300", block,
+                      f"run.output_dir={tmp_path_factory.mktemp('slurm-hang')}"])
+    yield job
+    cancel_unfinished(job)
+
+
 EARLY_JOBS = ("time_limit_job", "two_node_deepspeed", "cancel_job", "sigterm_job",
-              "reference", "two_node_torchrun")
+              "reference", "two_node_torchrun", "hung_job")
 """Submission order: the longest chain (three starts, Slurm's timer) first, then the
 DeepSpeed two-node job, whose ranks JIT-build DeepSpeed's shm comm op in
 `deepspeed.comm` init (measured here: 60-160 s on this 2-core machine, see the report of
@@ -473,6 +487,27 @@ def test_usr1_from_the_time_limit_and_by_hand_checkpoints_requeues_and_resumes(
     assert 1 <= first < second == first + 1 < STEPS, log
     assert (job.run_dir / "checkpoints" / f"checkpoint-{first}" / "COMPLETE").is_file()
     assert assert_resumed_like_the_reference(job, reference) == second
+
+
+@pytest.mark.full
+def test_a_hang_ends_the_job_with_76_without_a_requeue(hung_job: Job) -> None:
+    """The hang watchdog under the real Slurm: both nodes' ranks leave their stacks, the
+    job ends with 76 and is not requeued, `ftl status` says where each rank was."""
+    job = hung_job
+    info = job.ended()
+    assert info["ExitCode"] == "76:0" and info["Restarts"] == "0", (info, job.logs())
+    log = job.out.read_text()
+    assert "ftl: hung: a rank made no progress" in log and "(restart 1)" not in log
+    assert [r.rank for r in RunDir(job.run_dir).read_hangs()] == [0, 1], job.logs()
+    assert (job.run_dir / "checkpoints" / "checkpoint-2" / "COMPLETE").is_file()
+    printed = StringIO()
+    with redirect_stdout(printed):
+        assert status(job.job_id) == 0
+    text = printed.getvalue()
+    assert f"job {job.job_id}: FAILED (exit 76:0" in text
+    assert "run: hung: no progress within 6 s after step 3" in text
+    assert "in BlockAtStep.on_step_end (tests/integration/probes.py:" in text
+    assert "rank 0 on " in text and ": waiting in all_" in text
 
 
 def test_status_and_cancel_of_a_pending_job(slurm: None, tmp_path: Path) -> None:

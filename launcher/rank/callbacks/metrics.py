@@ -3,6 +3,7 @@ and finish phases in metrics.jsonl, and each rank's peak at train end."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from launcher import timing
 from launcher.rank import memtrace
 from launcher.rank.callbacks.memory import peak_memory_mib
+from launcher.rank.callbacks.step_times import StepTimes
 from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 
 
@@ -26,7 +28,9 @@ class MetricsCallback(TrainerCallback):
     each metrics line names its launch, so a resume is never mistaken for a restart.
     At the end of each launch's first step rank 0 prints and records where its start-up
     went ("startup"); the worker adds "finish" after the final eval and save
-    (launcher/timing.py)."""
+    (launcher/timing.py). Each train log line also carries every rank's busy and forward
+    seconds per step since the previous one ("rank_busy_s", "rank_forward_s",
+    "busy_steps": callbacks/step_times.py)."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:
@@ -36,11 +40,14 @@ class MetricsCallback(TrainerCallback):
         self.resumed_from = resumed_from
         self.launch = 0
         self._last: tuple[float, int] | None = None
+        self.step_times = StepTimes()
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         timing.mark("train_begin")
+        if kw.get("model") is not None:
+            self.step_times.attach(kw["model"])
         if not state.is_world_process_zero:
             return
         self.launch = self.run_dir.record_launch(
@@ -58,9 +65,15 @@ class MetricsCallback(TrainerCallback):
             return
         self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
         logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        # Every rank logs the training loss at the same steps: the busy times meet there.
+        times = self.step_times.gather() if "loss" in logs else None
         if not state.is_world_process_zero:
             return
         values = {k: v for k, v in logs.items() if k != "peak_memory_mib"}
+        if times is not None and times[2]:
+            busy, forward, steps = times
+            values.update(rank_busy_s=_rounded(busy), rank_forward_s=_rounded(forward),
+                          busy_steps=steps)
         event = self._event("log", values, state, logs["peak_memory_mib"])
         self.run_dir.append_metrics(event)
         print(progress_line(event, state.max_steps), flush=True)
@@ -90,6 +103,7 @@ class MetricsCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         memtrace.phase("steady" if timing.MARKS.has("first_step") else "first_step")
+        self.step_times.step_begin()
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -99,6 +113,7 @@ class MetricsCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        self.step_times.step_end()
         memtrace.phase("steady")  # logging, eval, save until the next step: renamed if so
         if state.global_step >= state.max_steps:
             timing.mark("last_step")
@@ -127,6 +142,11 @@ class MetricsCallback(TrainerCallback):
         self.run_dir.write_rank_metrics(RankMetrics(
             args.process_index, round(peak_memory_mib(), 1),
             int(state.num_input_tokens_seen or 0)))
+
+
+def _rounded(seconds: list[float]) -> list[float | None]:
+    """Per rank, for metrics.jsonl: None where nothing was measured (JSON has no NaN)."""
+    return [None if math.isnan(s) else round(s, 5) for s in seconds]
 
 
 def record_finish(trainer: Any) -> None:

@@ -19,7 +19,8 @@ RUN_DIR/preempted. Who touches the file:
   its own, since a TERM makes it kill the step;
 - rank 0 itself when a rank caught TERM/INT (proctrack/cgroup signals every process);
 - `ftl cancel` (launcher/schedulers/submit.py), which first writes RUN_DIR/cancel.requested.
-At the end the script exits 0 when the run finished; with cancel.requested it exits
+At the end the script exits 0 when the run finished; when the ranks' hang watchdog
+ended them (RUN_DIR/hang/) HUNG_EXIT (76), never requeued; with cancel.requested it exits
 STOPPED_EXIT (75) after a complete checkpoint and never requeues; otherwise after a stop
 request it requeues (`scontrol requeue`, same job id) while SLURM_RESTART_COUNT <
 cluster.slurm.max_restarts. The rerun uses the same run dir, so the worker resumes from the
@@ -47,6 +48,8 @@ from launcher.rundir import (
     CANCEL_REQUESTED,
     CHECKPOINTS,
     COMPLETE_MARKER,
+    HANG,
+    HUNG_EXIT,
     LOGS,
     PREEMPT_REQUESTED,
     PREEMPTED,
@@ -146,6 +149,7 @@ def _start_lines() -> list[str]:
         f"    exit {STOPPED_EXIT}",
         "fi",
         f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        f'rm -rf "$FTL_RUN_DIR"/{HANG}  # an earlier start\'s hang (a requeue by hand)',
         f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
     ]
 
@@ -276,6 +280,7 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
         "    exit 0",
         "fi",
+        *_hung_lines(),
         f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
         *_cancelled_lines(),
         f'elif [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
@@ -292,6 +297,23 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
+    ]
+
+
+def _hung_lines() -> list[str]:
+    """The ranks' hang watchdog ended them (launcher/rank/watchdog.py): exit HUNG_EXIT,
+    never requeued, even after a stop request the hung ranks could not honour. Slurm does
+    not know which node hung (the step still ran everywhere); a hang often repeats at the
+    same step; a requeue would spend the first-step and hang bounds of every node again
+    (docs/design.md, "The scheduler seam")."""
+    return [
+        f'if compgen -G "$FTL_RUN_DIR/{HANG}/rank-*.json" > /dev/null; then',
+        '    echo "ftl: hung: a rank made no progress within train.hang_timeout_s; stacks in '
+        f'$FTL_RUN_DIR/{HANG} (\\`ftl status $FTL_RUN_DIR\\` says where each rank was). '
+        "Not requeued; the same \\`ftl submit\\` command resumes from the latest "
+        f'complete checkpoint. Exit status {HUNG_EXIT}"',
+        f"    exit {HUNG_EXIT}",
+        "fi",
     ]
 
 

@@ -25,6 +25,7 @@ if [ -e "$FTL_RUN_DIR"/cancel.requested ]; then
     exit 75
 fi
 rm -f "$FTL_RUN_DIR"/preempt.requested "$FTL_RUN_DIR"/preempted
+rm -rf "$FTL_RUN_DIR"/hang  # an earlier start's hang (a requeue by hand)
 [ -e "$FTL_RUN_DIR"/cancel.requested ] && touch "$FTL_RUN_DIR"/preempt.requested
 
 # USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel
@@ -82,6 +83,10 @@ if [ -e "$FTL_RUN_DIR"/result.json ] && [ ! -e "$FTL_RUN_DIR"/preempted ]; then
     echo "ftl: run finished (step exit code $rc)"
     [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"
     exit 0
+fi
+if compgen -G "$FTL_RUN_DIR/hang/rank-*.json" > /dev/null; then
+    echo "ftl: hung: a rank made no progress within train.hang_timeout_s; stacks in $FTL_RUN_DIR/hang (\`ftl status $FTL_RUN_DIR\` says where each rank was). Not requeued; the same \`ftl submit\` command resumes from the latest complete checkpoint. Exit status 76"
+    exit 76
 fi
 if [ -e "$FTL_RUN_DIR"/cancel.requested ]; then
     stop_step=$(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' "$FTL_RUN_DIR"/preempted 2>/dev/null)

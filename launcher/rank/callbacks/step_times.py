@@ -1,0 +1,113 @@
+"""Per-rank busy and forward time per optimizer step, for stragglers (`ftl report`).
+
+In a synchronous data-parallel step every rank's wall time is the same: the fast ranks
+wait for the slowest in a collective. What differs is how long each rank worked before it
+had to wait. Two figures per rank and step, both from the step's begin (on_step_begin;
+the Trainer's token-count gather just before it lines the ranks up):
+- busy: to the end of this rank's own backward, the moment its autograd accumulates the
+  gradient of the first trainable parameter (the input embedding, or the first LoRA
+  adapter), which the backward computes last. Under DDP the bucket all-reduces run
+  asynchronously beside the backward and are waited for only after it (DDP's reducer
+  finalizes after the last gradient), so this is the rank's own work, and each other
+  rank waited about the slowest's figure minus its own.
+- forward: the time inside the model's forward passes (pre-hook to hook, summed over the
+  step's micro batches). Under DDP (after its buffer broadcast) and ZeRO-1/2 the forward
+  runs no collective, so a slower device shows here even where the backward's blocking
+  reduces (DeepSpeed) have already evened out the busy figures.
+Under ZeRO-3 and FSDP2 the forward's all-gathers and the backward's reduce-scatters line
+the ranks up inside both windows, so neither figure tells the ranks apart (measured on 2
+CPU ranks with one rank's forwards 0.3 s slower: equal within 10 %, docs/stack-notes.md).
+
+Cost: one gradient hook on one parameter, a forward pre-hook and hook on the model, a
+clock read each; on GPUs CUDA events instead, read at the step end (where the Trainer's
+NaN check of the loss has already waited for the backward). The ranks' figures meet at
+each train log (one all-gather of two numbers every train.logging_steps, in
+MetricsCallback.on_log).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.rank.preempt import collective_device
+
+
+class StepTimes:
+    """This rank's busy and forward seconds per step since the last `gather`."""
+
+    def __init__(self) -> None:
+        self.busy_s = self.forward_s = 0.0
+        self.steps = 0
+        self._on_gpu = False
+        self._begin: Any = None
+        self._end: Any = None
+        self._forward_start: Any = None
+        self._forwards: list[tuple[Any, Any]] = []
+        self._handles: list[Any] = []
+
+    def attach(self, model: torch.nn.Module) -> None:
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if first is None or self._handles:
+            return
+        self._on_gpu = first.device.type == "cuda"
+        self._handles = [first.register_post_accumulate_grad_hook(self._backward_done),
+                         model.register_forward_pre_hook(self._forward_begins),
+                         model.register_forward_hook(self._forward_ends)]
+
+    def _stamp(self) -> Any:
+        if not self._on_gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _seconds(self, begin: Any, end: Any) -> float:
+        if not self._on_gpu:
+            return float(end - begin)
+        end.synchronize()
+        return float(begin.elapsed_time(end)) / 1000
+
+    def step_begin(self) -> None:
+        self._begin, self._end, self._forwards = self._stamp(), None, []
+
+    def _forward_begins(self, module: torch.nn.Module, inputs: Any) -> None:
+        if module.training and self._begin is not None:  # not an eval between steps
+            self._forward_start = self._stamp()
+
+    def _forward_ends(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if self._forward_start is not None:
+            self._forwards.append((self._forward_start, self._stamp()))
+            self._forward_start = None
+
+    def _backward_done(self, param: torch.Tensor) -> None:
+        self._end = self._stamp()  # the last micro batch's backward ends the step's work
+
+    def step_end(self) -> None:
+        begin, end, forwards = self._begin, self._end, self._forwards
+        self._begin, self._end, self._forwards = None, None, []
+        if begin is None or end is None:
+            return
+        self.busy_s += self._seconds(begin, end)
+        self.forward_s += sum(self._seconds(a, b) for a, b in forwards)
+        self.steps += 1
+
+    def gather(self) -> tuple[list[float], list[float], int]:
+        """Every rank's mean busy and forward seconds per step since the last gather
+        (NaN where none was measured) and the steps counted; a collective: every rank
+        calls it at the same log."""
+        steps = self.steps
+        means = [self.busy_s / steps, self.forward_s / steps] if steps else [math.nan] * 2
+        self.busy_s = self.forward_s = 0.0
+        self.steps = 0
+        if not (dist.is_available() and dist.is_initialized()):
+            return [means[0]], [means[1]], steps
+        mine = torch.tensor(means, dtype=torch.float64, device=collective_device())
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        rows = [t.tolist() for t in every]
+        return [r[0] for r in rows], [r[1] for r in rows], steps

@@ -1,0 +1,183 @@
+"""The hang watchdog: a rank that makes no progress within a bound says where it is and
+ends, instead of waiting in a collective until torch's own timeout.
+
+One daemon thread per rank sleeps and compares the time of the last progress (an optimizer
+step, an eval batch, a finished save: `beat`, called by callbacks/progress.py) with the
+bound: train.first_step_timeout_s until the launch's first optimizer step (loading,
+compilation, process-group set-up and the first step), train.hang_timeout_s afterwards.
+When it runs out the thread writes RUN_DIR/hang/rank-<R>.txt (faulthandler: every
+thread's stack; the main thread's is where the rank is stuck), on an NCCL process group
+also torch's flight recorder (rank-<R>.fr.json: the collectives in flight), then the
+HangRecord rank-<R>.json, and exits the process with HUNG_EXIT. The main thread may be
+blocked inside a C++ collective, so nothing here waits for it: os._exit from this thread.
+
+All ranks leave each step's collectives together, so their watchdogs run out within one
+poll of each other. Before exiting a rank waits (at most PEER_GRACE_S) for every rank's
+record: the first rank to exit makes torchrun or the deepspeed launcher kill the others,
+which would otherwise lose their stacks. A rank that never writes (a dead node) costs
+that grace once.
+
+Nothing else runs per step: `beat` stores a float. The launcher reads the records
+(launcher/run/hang_report.py) for `ftl train` and `ftl status`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.rundir import HANG, HUNG_EXIT, HangRecord, RunDir
+
+PEER_GRACE_S = 10.0
+"""How long a rank whose watchdog ran out waits for the other ranks' records."""
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
+"""The Trainer's own ddp_timeout (TrainingArguments), the collectives' timeout."""
+COLLECTIVE_MARGIN_S = 300
+"""A collective times out this long after the watchdog's bound would have run out."""
+FLIGHT_RECORDER_ENTRIES = "2000"
+"""NCCL flight recorder ring size (TORCH_FR_BUFFER_SIZE) set on GPU ranks when unset."""
+
+
+def collective_timeout_s(hang_timeout_s: float, first_step_timeout_s: float) -> int:
+    """The process group's timeout (TrainingArguments.ddp_timeout): later than the
+    watchdog's bounds, so a rank waiting in a collective for a hung peer is still there
+    (its stack says so) when the watchdog runs out; the Trainer's default without one."""
+    if hang_timeout_s <= 0:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    bound = max(hang_timeout_s, first_step_timeout_s)
+    return int(max(DEFAULT_COLLECTIVE_TIMEOUT_S, bound + COLLECTIVE_MARGIN_S))
+
+
+class Watchdog:
+    """One rank's watchdog thread. `beat(step)` after an optimizer step, `beat()` after
+    other progress; `stop()` at train end."""
+
+    def __init__(self, run_dir: RunDir, rank: int, world_size: int, step_bound_s: float,
+                 first_bound_s: float, *, clock: Callable[[], float] = time.monotonic,
+                 exit_process: Callable[[int], None] | None = None,
+                 cleanup: Callable[[], None] | None = None) -> None:
+        self.run_dir = run_dir
+        self.rank, self.world_size = rank, world_size
+        self.step_bound_s, self.first_bound_s = step_bound_s, first_bound_s
+        self.clock = clock
+        self.exit_process = exit_process or _exit_now
+        self.cleanup = cleanup
+        self.step = 0
+        self.stepped = False
+        self.last = clock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ftl-hang-watchdog",
+                                        daemon=True)
+
+    @property
+    def poll_s(self) -> float:
+        """A twentieth of the step bound, between 0.1 and 5 s: the lateness of a firing."""
+        return min(5.0, max(0.1, self.step_bound_s / 20))
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self, step: int | None = None) -> None:
+        self.last = self.clock()
+        if step is not None:
+            self.step, self.stepped = step, True
+
+    def bound_s(self) -> float:
+        return self.step_bound_s if self.stepped else self.first_bound_s
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            waited = self.clock() - self.last
+            if waited >= self.bound_s() and not self._stop.is_set():
+                self.fire(waited)
+                return
+
+    def fire(self, waited: float) -> None:
+        """Stacks, flight recorder, record; the peers' records (bounded); exit. A run dir
+        that cannot be written (a full disk) gets the stacks on stderr instead: the rank
+        still ends."""
+        try:
+            where = self.write(waited)
+        except OSError as err:
+            where = f"stderr (RUN_DIR/{HANG}: {err})"
+            faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
+              f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
+              f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
+        self.wait_for_peers(PEER_GRACE_S)
+        if self.cleanup is not None:
+            self.cleanup()
+        self.exit_process(HUNG_EXIT)
+
+    def write(self, waited: float) -> str:
+        """hang/rank-<R>.txt, the flight recorder, then rank-<R>.json (last: its presence
+        tells the peers and `ftl train` that the rest is there); returns the stacks' path."""
+        files = self.run_dir
+        files.hang.mkdir(parents=True, exist_ok=True)
+        with files.hang_stacks(self.rank).open("w") as out:
+            faulthandler.dump_traceback(out, all_threads=True)
+        recorder = dump_flight_recorder(files.flight_recorder_file(self.rank))
+        files.write_hang(HangRecord(self.rank, socket.gethostname(), os.getpid(), self.step,
+                                    round(waited, 3), self.bound_s(), time.time(),
+                                    threading.main_thread().ident or 0, recorder))
+        return str(files.hang_stacks(self.rank))
+
+    def wait_for_peers(self, grace_s: float) -> None:
+        deadline = self.clock() + grace_s
+        while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
+            time.sleep(0.05)
+
+
+def dump_flight_recorder(path: Path) -> str | None:
+    """torch's NCCL flight recorder (the collectives each rank entered, in flight or done)
+    as JSON, when this rank has an NCCL process group that recorded; else None. Guarded:
+    a private torch API (torch 2.13: _dump_fr_trace_json)."""
+    if "torch" not in sys.modules:
+        return None  # no torch, no process group
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "nccl":
+            return None
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        path.write_bytes(_dump_fr_trace_json(True, False))
+    except Exception as err:  # noqa: BLE001 - the stacks matter more than this extra
+        print(f"[ftl] flight recorder not dumped: {err!r}", file=sys.stderr, flush=True)
+        return None
+    return path.name
+
+
+def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s: float,
+                   on_gpu: bool, cleanup: Callable[[], None] | None = None) -> Watchdog | None:
+    """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0).
+    Called before the process group exists: on GPUs it turns on the NCCL flight recorder,
+    read when a process group is created (unless the user set its size). `cleanup` runs
+    just before the exit (the worker's shared-memory release: os._exit skips its finally)."""
+    if hang_timeout_s <= 0:
+        return None
+    if on_gpu and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return Watchdog(run_dir, rank, world_size, hang_timeout_s, first_step_timeout_s,
+                    cleanup=cleanup).start()
+
+
+def _exit_now(code: int) -> None:
+    """The main thread may sit in a C++ collective: leave without it, and without
+    interpreter teardown (nor logging.shutdown: a lock the main thread holds would hang
+    this thread too)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
