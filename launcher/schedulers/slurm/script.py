@@ -2,9 +2,10 @@
 
 The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
 requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
-head node from the allocation -> one srun task per node, each starting torchrun (c10d
-rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as `srun ... & wait`
-so the traps can run while training -> finished, cancelled, or requeue.
+head node from the allocation -> with cluster.doctor, `ftl doctor`'s step (the same
+srun and launcher; a failed check ends the job) -> one srun task per node, each starting
+torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as
+`srun ... & wait` so the traps can run while training -> finished, cancelled, or requeue.
 
 Stopping (measured, docs/stack-notes.md): every stop is RUN_DIR/preempt.requested, which
 every rank polls at step ends (launcher/rank/preempt.py), whatever launcher sits between srun
@@ -41,7 +42,15 @@ from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import RunConfig
-from launcher.run.command import HEAD_NODE_VAR, NODE_RANK_VAR, Launch, quote_arg, render_argv
+from launcher.doctor import DOCTOR_MODULE
+from launcher.run.command import (
+    HEAD_NODE_VAR,
+    NODE_RANK_VAR,
+    Launch,
+    quote_arg,
+    render_argv,
+    with_module,
+)
 from launcher.run.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 from launcher.rundir import (
     CANCEL_REQUESTED,
@@ -133,6 +142,8 @@ def render_sbatch(
         lines += ["", "# cluster.setup (run as written)", *cfg.cluster.setup]
     lines += ["", *(f"export {key}={q(value)}" for key, value in launch.env.items())]
     lines += _head_node_lines(cfg, launch, run_dir)
+    if cfg.cluster.doctor:
+        lines += ["", *_doctor_lines(cfg, launch, run_dir)]
     lines += ["", *_srun_lines(cfg, launch, run_dir), "", *_finish_lines(cfg)]
     return "\n".join(lines) + "\n"
 
@@ -205,6 +216,20 @@ def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
         f"    bash -c {shlex.quote(_per_node_script(cfg, launch, run_dir))} &",
         "step=$!",
         *_wait_lines("step"),
+    ]
+
+
+def _doctor_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    """cluster.doctor=true (`ftl submit --doctor`): `ftl doctor`'s ranks on the same nodes
+    with the same launcher first (launcher/doctor/); its table goes to the job's output, and
+    a failed check ends the job (exit 1, not requeued) before any training starts."""
+    return [
+        "# cluster.doctor=true: ftl doctor's checks on these nodes first (launcher/doctor/).",
+        *_srun_lines(cfg, with_module(launch, DOCTOR_MODULE), run_dir),
+        'if ! python -m launcher.doctor "$FTL_RUN_DIR"; then',
+        '    echo "ftl: ftl doctor found a problem (above; step exit code $rc); not training"',
+        "    exit 1",
+        "fi",
     ]
 
 

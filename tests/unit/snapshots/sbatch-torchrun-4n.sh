@@ -59,7 +59,7 @@ ftl_stop() {
 }
 trap "ftl_stop TERM" TERM
 trap "ftl_stop INT" INT
-(trap "" TERM INT; exec setsid torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "${FTL_HEAD_NODE}":29500 --rdzv_id llama-7b-zero3-20260101-000000 --log_dir "${FTL_RUN_DIR}"/logs/node-"${FTL_NODE_RANK}" --redirects 3 --tee 0:3 --module launcher.rank.worker "${FTL_RUN_DIR}") &
+(trap "" TERM INT; exec setsid torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "${FTL_HEAD_NODE}":29500 --rdzv_id llama-7b-zero3-20260101-000000 --rdzv_conf join_timeout=900 --log_dir "${FTL_RUN_DIR}"/logs/node-"${FTL_NODE_RANK}" --redirects 3 --tee 0:3 --module launcher.rank.worker "${FTL_RUN_DIR}") &
 launcher=$!
 # wait returns early (status > 128) when a trap ran; then keep waiting.
 while :; do
