@@ -137,7 +137,8 @@ def output_dir(facts: list[dict[str, Any]]) -> Row:
 def free_space(facts: list[dict[str, Any]], exp: Expectation) -> Row:
     low: dict[str, int] = {}
     for fact in facts:
-        low.setdefault(f"node {fact['node']} ({fact['host']})", fact["free_bytes"])
+        node = f"node {fact['node']} ({fact['host']})"
+        low[node] = min(low.get(node, fact["free_bytes"]), fact["free_bytes"])
     gib = 2**30
     texts = ", ".join(f"{node}: {free / gib:.1f} GiB" for node, free in low.items())
     detail = f"free: {texts}; the run needs {exp.need_bytes / gib:.2f} GiB"

@@ -14,7 +14,10 @@ collective of the run had before this bound existed (the Trainer's ddp_timeout d
 so a slow checkpoint save is not cut short by a start-up bound.
 
 Multi-node torchrun meets its nodes in its own rendezvous before any rank exists;
-launcher/run/command.py gives that `join_timeout` the same bound.
+launcher/run/command.py gives that `join_timeout` the same bound. A batch job's node task
+writes RUN_DIR/startup/node-<N>.json as it starts its launcher, and after a failed step the
+job runs `python -m launcher.rank.startup RUN_DIR` (`diagnose`): the nodes whose launcher
+never started, or the ranks that never came although their node's launcher did.
 """
 
 from __future__ import annotations
@@ -47,14 +50,13 @@ class World:
     master_port: str
 
     @classmethod
-    def from_env(cls) -> World:
+    def from_env(cls, gpus_per_node: int) -> World:
+        """This rank as its launcher describes it; ranks are numbered node by node, so
+        its node is rank // gpus_per_node (torchrun also says GROUP_RANK; deepspeed not)."""
         env = os.environ
-        world_size = int(env.get("WORLD_SIZE", "1"))
         rank = int(env.get("RANK", "0"))
-        per_node = int(env.get("LOCAL_WORLD_SIZE", "0")) or world_size
-        node = int(env.get("GROUP_RANK", str(rank // per_node)))
-        return cls(rank, world_size, node, env.get("MASTER_ADDR", "?"),
-                   env.get("MASTER_PORT", "?"))
+        return cls(rank, int(env.get("WORLD_SIZE", "1")), rank // gpus_per_node,
+                   env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?"))
 
 
 def backend(cfg: RunConfig) -> str:
@@ -70,7 +72,7 @@ def join_world(cfg: RunConfig, run_dir: RunDir, restore: bool = True) -> World:
     import torch
     import torch.distributed as dist
 
-    world = World.from_env()
+    world = World.from_env(cfg.cluster.gpus_per_node)
     bound = cfg.cluster.startup_timeout_s
     run_dir.write_startup(StartupRecord(
         world.rank, world.world_size, world.node, node_name(), os.getpid(),
@@ -143,6 +145,34 @@ def missing_message(cfg: RunConfig, run_dir: RunDir, world: World,
     return " ".join(parts)
 
 
+def diagnose(run_dir: RunDir, head: str | None) -> str | None:
+    """After a launch that failed: who never started, from RUN_DIR/startup/ alone (a job
+    clears it at each start). None when every rank started (the failure came later)."""
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import to_run_config
+
+    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    ranks, nodes = run_dir.read_startups(), run_dir.started_nodes()
+    silent = [rank for rank in range(cfg.world_size) if rank not in ranks]
+    if not silent:
+        return None
+    where = f"{head or '<head node>'}:{cfg.cluster.master_port}"
+    absent = [node for node in range(cfg.cluster.nodes) if node not in nodes]
+    parts = [f"start-up: {len(ranks)} of {cfg.world_size} ranks started."]
+    if absent:
+        parts.append(f"Node(s) {_ranges(absent)} never started their launcher (no "
+                     f"{run_dir.startup.name}/node-<N>.json): check those nodes' output "
+                     "above and cluster.setup.")
+    late = [rank for rank in silent if rank // cfg.cluster.gpus_per_node not in absent]
+    if late:
+        parts.append(f"Rank(s) {_ranges(late)} never started although their node's launcher "
+                     f"did: its rendezvous at {where} did not complete within "
+                     f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s:g}; check that "
+                     "every node reaches that address and port.")
+    return " ".join(parts)
+
+
 def current_records(run_dir: RunDir, world: World, bound_s: float) -> dict[int, StartupRecord]:
     """This start's records: a requeued job's earlier start left its own, older than this
     rank's by more than the bound."""
@@ -169,3 +199,12 @@ def _ranges(numbers: list[int]) -> str:
         else:
             spans.append([number, number])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    message = diagnose(RunDir(Path(sys.argv[1])), os.environ.get("FTL_HEAD_NODE"))
+    if message:
+        print(f"ftl: {message}", flush=True)

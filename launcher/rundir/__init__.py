@@ -115,6 +115,11 @@ class RunDir:
         self.startup.mkdir(exist_ok=True)
         write_file_atomic(self.startup_file(record.rank), json.dumps(record.to_dict()) + "\n")
 
+    def started_nodes(self) -> set[int]:
+        """The nodes whose batch-job task started its launcher (startup/node-<N>.json)."""
+        names = (p.stem.removeprefix("node-") for p in self.startup.glob("node-*.json"))
+        return {int(name) for name in names if name.isdigit()}
+
     def read_startups(self) -> dict[int, StartupRecord]:
         """rank -> its start-up record, for the ranks that wrote one (this launch's: the
         records of an earlier start of a requeued job are replaced as its ranks start)."""

@@ -60,6 +60,7 @@ from launcher.rundir import (
     PREEMPT_REQUESTED,
     PREEMPTED,
     RESULT,
+    STARTUP,
 )
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
@@ -157,6 +158,7 @@ def _start_lines() -> list[str]:
         f"    exit {STOPPED_EXIT}",
         "fi",
         f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
+        f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # who starts is recorded afresh at each start',
         f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
     ]
 
@@ -230,6 +232,7 @@ def _doctor_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
         '    echo "ftl: ftl doctor found a problem (above; step exit code $rc); not training"',
         "    exit 1",
         "fi",
+        f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # the doctor\'s ranks are not the training\'s',
     ]
 
 
@@ -261,6 +264,10 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
         "}",
         'trap "ftl_stop TERM" TERM',
         'trap "ftl_stop INT" INT',
+        # This node's launcher started (launcher/rank/startup.py diagnose reads it).
+        f'mkdir -p "${RUN_DIR_VAR}"/{STARTUP} && printf \'{{"node": %s, "host": "%s", '
+        f'"time": %s}}\\n\' "${NODE_RANK_VAR}" "$(hostname)" "$(date +%s)" '
+        f'> "${RUN_DIR_VAR}"/{STARTUP}/node-"${NODE_RANK_VAR}".json',
         f'(trap "" TERM INT; exec setsid {command}) &',
         "launcher=$!",
         *_wait_lines("launcher"),
@@ -315,6 +322,7 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         "    fi",
         "fi",
         '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
+        'python -m launcher.rank.startup "$FTL_RUN_DIR"  # the nodes/ranks that never came',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
     ]
