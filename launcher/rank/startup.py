@@ -60,9 +60,10 @@ class World:
 
 
 def backend(cfg: RunConfig) -> str:
-    """gloo on CPU; on GPUs nccl for CUDA tensors with gloo beside it for CPU ones (what
-    accelerate picks for FSDP with offload; a plain nccl group has no CPU collectives)."""
-    return "gloo" if gpu_preset(cfg.cluster.gpu).is_cpu else "cuda:nccl,cpu:gloo"
+    """The run's backend: gloo on CPU, NCCL on GPUs (with gloo beside it under FSDP)."""
+    from launcher.engines import engine_of
+
+    return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
 
 
 def join_world(cfg: RunConfig, run_dir: RunDir, restore: bool = True) -> World:

@@ -156,3 +156,15 @@ def test_after_a_failed_job_step_the_nodes_whose_launcher_never_started_are_name
     for rank in range(1, 6):
         run_dir.write_startup(record(rank, 1000.0))
     assert diagnose(run_dir, "gpu0") is None  # every rank started: the failure came later
+
+
+def test_the_run_backend_is_the_engines() -> None:
+    from launcher.rank.startup import backend
+
+    def of(*overrides: str) -> str:
+        return backend(compose_config(list(overrides)))
+
+    assert of("strategy=fsdp") == of("strategy=zero2") == "gloo"  # cluster.gpu=cpu
+    gpu = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
+    assert of("strategy=ddp", *gpu) == of("strategy=zero3", *gpu) == "nccl"
+    assert of("strategy=fsdp_offload", *gpu) == "cuda:nccl,cpu:gloo"
