@@ -9,9 +9,9 @@ nodes) that never joined, the address and port, and what each missing rank left 
 is not the same directory on its node). The worker writes it to logs/rank<R>.error, which
 `ftl train` prints.
 
-After the join the default group's timeout goes back to RUN_TIMEOUT_S, the one every
-collective of the run had before this bound existed (the Trainer's ddp_timeout default),
-so a slow checkpoint save is not cut short by a start-up bound.
+The group keeps the bound as its timeout until the worker hands it the Trainer's
+(`collective_timeout(args.ddp_timeout)`, what accelerate would have given the group it
+no longer creates), so a slow checkpoint save is not cut short by a start-up bound.
 
 Multi-node torchrun meets its nodes in its own rendezvous before any rank exists;
 launcher/run/command.py gives that `join_timeout` the same bound. A batch job's node task
@@ -32,8 +32,6 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.rundir import RunDir, StartupRecord
 
-RUN_TIMEOUT_S = 1800.0
-"""The process group's timeout once every rank has joined (transformers' ddp_timeout)."""
 JOINED_KEY = "ftl/startup/joined/"
 
 
@@ -66,10 +64,9 @@ def backend(cfg: RunConfig) -> str:
     return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
 
 
-def join_world(cfg: RunConfig, run_dir: RunDir, restore: bool = True) -> World:
+def join_world(cfg: RunConfig, run_dir: RunDir) -> World:
     """Write this rank's start-up record and join the default process group within the
-    bound; accelerate and DeepSpeed then use this group. restore: give the group the
-    run's long timeout back afterwards."""
+    bound; accelerate and DeepSpeed then use this group."""
     import torch
     import torch.distributed as dist
 
@@ -91,9 +88,15 @@ def join_world(cfg: RunConfig, run_dir: RunDir, restore: bool = True) -> World:
         raise StartupError(missing_message(cfg, run_dir, world, None, error)) from error
     if len(joined) < world.world_size:
         raise StartupError(missing_message(cfg, run_dir, world, joined, None))
-    if restore:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=RUN_TIMEOUT_S))
     return world
+
+
+def collective_timeout(seconds: float) -> None:
+    """The default group's timeout from now on (the start-up bound until then)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
 def check_in(world: World, left_s: float) -> set[int]:
@@ -160,17 +163,19 @@ def diagnose(run_dir: RunDir, head: str | None) -> str | None:
         return None
     where = f"{head or '<head node>'}:{cfg.cluster.master_port}"
     absent = [node for node in range(cfg.cluster.nodes) if node not in nodes]
-    parts = [f"start-up: {len(ranks)} of {cfg.world_size} ranks started."]
+    parts = [f"start-up: {len(ranks)} of {cfg.world_size} ranks started; rank(s) "
+             f"{_ranges(silent)} never did."]
     if absent:
-        parts.append(f"Node(s) {_ranges(absent)} never started their launcher (no "
-                     f"{run_dir.startup.name}/node-<N>.json): check those nodes' output "
-                     "above and cluster.setup.")
-    late = [rank for rank in silent if rank // cfg.cluster.gpus_per_node not in absent]
-    if late:
-        parts.append(f"Rank(s) {_ranges(late)} never started although their node's launcher "
-                     f"did: its rendezvous at {where} did not complete within "
-                     f"cluster.startup_timeout_s={cfg.cluster.startup_timeout_s:g}; check that "
-                     "every node reaches that address and port.")
+        parts.append(f"Node(s) {_ranges(absent)} (the job's node numbers) never started their "
+                     f"launcher (no {run_dir.startup.name}/node-<N>.json): check those nodes' "
+                     "output above and cluster.setup.")
+    else:
+        # torchrun numbers nodes in the order they join, so a rank's node is not known
+        # before it starts: the launchers are named, not the nodes of the missing ranks.
+        parts.append(f"Every node's launcher started, but their rendezvous at {where} did "
+                     f"not complete within cluster.startup_timeout_s="
+                     f"{cfg.cluster.startup_timeout_s:g}: check that every node reaches that "
+                     "address and port.")
     return " ".join(parts)
 
 

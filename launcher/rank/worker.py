@@ -31,7 +31,7 @@ from launcher.engines import engine_of
 from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
-from launcher.rank.startup import join_world
+from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
 from launcher.rundir import RunDir, RunResult
 
@@ -90,6 +90,7 @@ def train(run_dir: RunDir) -> NoReturn:
     accelerator_config = setup_distributed(cfg, on_cpu)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
+    collective_timeout(args.ddp_timeout)  # the start-up bound ends here
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.

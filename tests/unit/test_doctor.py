@@ -148,11 +148,13 @@ def test_after_a_failed_job_step_the_nodes_whose_launcher_never_started_are_name
         (run_dir.startup / f"node-{node}.json").write_text(json.dumps({"node": node}))
     run_dir.write_startup(record(0, 1000.0))
     text = diagnose(run_dir, "gpu0")
-    assert text is not None and text.startswith("start-up: 1 of 6 ranks started.")
-    assert "Node(s) 1 never started their launcher" in text
-    # node 0's rank 1 and node 2's ranks: their launchers ran, the rendezvous did not form
-    assert "Rank(s) 1, 4-5 never started although their node's launcher did" in text
-    assert "rendezvous at gpu0:29555" in text and "cluster.startup_timeout_s=120" in text
+    assert text is not None
+    assert text.startswith("start-up: 1 of 6 ranks started; rank(s) 1-5 never did.")
+    assert "Node(s) 1 (the job's node numbers) never started their launcher" in text
+    (run_dir.startup / "node-1.json").write_text(json.dumps({"node": 1}))
+    text = diagnose(run_dir, "gpu0") or ""
+    assert "Every node's launcher started, but their rendezvous at gpu0:29555" in text
+    assert "cluster.startup_timeout_s=120" in text
     for rank in range(1, 6):
         run_dir.write_startup(record(rank, 1000.0))
     assert diagnose(run_dir, "gpu0") is None  # every rank started: the failure came later
@@ -168,3 +170,14 @@ def test_the_run_backend_is_the_engines() -> None:
     gpu = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
     assert of("strategy=ddp", *gpu) == of("strategy=zero3", *gpu) == "nccl"
     assert of("strategy=fsdp_offload", *gpu) == "cuda:nccl,cpu:gloo"
+
+
+def test_ftl_submit_doctor_puts_the_doctor_step_in_the_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.cli import main
+
+    assert main(["submit", "--dry-run", "--doctor", "cluster.gpu=cpu", "cluster.nodes=2",
+                 "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"]) == 0
+    script = capsys.readouterr().out
+    assert "--module launcher.doctor.rank" in script
+    assert script.index("launcher.doctor.rank") < script.index("launcher.rank.worker")
