@@ -64,9 +64,11 @@ def backend(cfg: RunConfig) -> str:
     return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
 
 
-def join_world(cfg: RunConfig, run_dir: RunDir) -> World:
+def join_world(cfg: RunConfig, run_dir: RunDir, alone_too: bool = False) -> World:
     """Write this rank's start-up record and join the default process group within the
-    bound; accelerate and DeepSpeed then use this group."""
+    bound; accelerate and DeepSpeed then use this group. A world of one has nobody to
+    wait for and is left to accelerate as before (a single process gets no group from
+    it), unless alone_too (the doctor's collectives need a group)."""
     import torch
     import torch.distributed as dist
 
@@ -75,8 +77,8 @@ def join_world(cfg: RunConfig, run_dir: RunDir) -> World:
     run_dir.write_startup(StartupRecord(
         world.rank, world.world_size, world.node, node_name(), os.getpid(),
         world.master_addr, world.master_port, time.time()))
-    if world.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        return world  # a single process outside any launcher: no group to join
+    if world.world_size == 1 and not (alone_too and "MASTER_ADDR" in os.environ):
+        return world
     name = backend(cfg)
     if name != "gloo":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
