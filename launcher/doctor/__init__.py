@@ -4,8 +4,8 @@ The run's config is composed and validated like `ftl train` (or `ftl submit`), i
 written, and its own launch command (same launcher, nodes and ranks) starts
 `python -m launcher.doctor.rank RUN_DIR` on every rank instead of the worker. Each rank
 joins the process group with the run's backend within `cluster.startup_timeout_s`
-(launcher/rank/startup.py) and reports what it sees (facts.py); rank 0 measures nothing
-alone: every rank takes part in the all-reduce timings (bandwidth.py). Rank 0 judges the
+(launcher/rank/startup.py), reports what it sees (facts.py) and takes part in the
+all-reduce timings (bandwidth.py: collectives, every rank in them). Rank 0 judges the
 reports (checks.py, pure), writes RUN_DIR/doctor.json and the ranks end; then
 `ftl doctor` (verb.py) or, in a batch job, `python -m launcher.doctor RUN_DIR` prints the
 one table (or `--json`) and exits non-zero when a check failed.
