@@ -2,7 +2,8 @@
 
 plan, ds-config and estimate never import torch, transformers or deepspeed. quantize takes
 Hydra overrides too (for the `dataset` group it evaluates perplexity on).
-Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed.
+Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed
+(or, for doctor, a check that failed).
 """
 
 from __future__ import annotations
@@ -162,7 +163,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.schedulers.submit import submit
 
-    return submit(args.overrides, dry_run=args.dry_run, multirun=args.multirun)
+    # --doctor: `ftl doctor`'s checks as the job's first step (the key cluster.doctor).
+    overrides = [*args.overrides, "cluster.doctor=true"] if args.doctor else args.overrides
+    return submit(overrides, dry_run=args.dry_run, multirun=args.multirun)
+
+
+@verb("doctor", "start the run's ranks and check what breaks multi-node jobs; one table")
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from launcher.doctor.verb import doctor
+
+    return doctor(args.overrides, as_json=args.json)
 
 
 @verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID")
@@ -199,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         verb_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == "ds-config":
             verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
-        if name in ("estimate", "preprocess", "keys"):
+        if name in ("estimate", "preprocess", "keys", "doctor"):
             verb_parser.add_argument("--json", action="store_true", help="machine-readable")
         if name == "estimate":
             verb_parser.add_argument(
@@ -210,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      help="write the run dir and print the job script only")
             verb_parser.add_argument("-m", "--multirun", action="store_true",
                                      help="sweep: one job per combination of comma lists")
+            verb_parser.add_argument("--doctor", action="store_true",
+                                     help="run ftl doctor's checks first; train if they pass")
         if name == "quantize":
             add_quantize_options(verb_parser)
         if name == "chat":

@@ -82,6 +82,7 @@ def _choices(cfg: RunConfig) -> list[str]:
 POSITIVE = (
     "cluster.nodes", "cluster.gpus_per_node", "train.micro_batch_size", "train.grad_accum",
     "train.lr", "train.save_steps", "train.logging_steps", "dataset.max_length", "train.mfu",
+    "cluster.startup_timeout_s",
 )
 
 
@@ -116,6 +117,9 @@ def _positive(cfg: RunConfig) -> list[str]:
         problems.append(f"train.mfu={train.mfu}: a utilisation in (0, 1]. Fix: e.g. 0.4.")
     if not 0 < cfg.cluster.master_port < 65536:
         problems.append(f"cluster.master_port={cfg.cluster.master_port}: not a TCP port.")
+    if cfg.cluster.network_gb_s < 0:
+        problems.append(f"cluster.network_gb_s={cfg.cluster.network_gb_s}: a bandwidth >= 0 "
+                        "(0: unknown). Fix: e.g. cluster.network_gb_s=0.")
     return problems
 
 

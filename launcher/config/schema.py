@@ -215,6 +215,17 @@ class ClusterConfig:
     not check it; `ftl train` checks this machine's RAM)."""
     setup: list[str] = field(default_factory=list)
     """Shell lines a batch job runs before the launcher, e.g. `module load cuda`."""
+    startup_timeout_s: float = 900.0
+    """Seconds every rank (and, multi-node under torchrun, every node's launcher) gets to
+    join the run's process group; past it the run ends naming the ranks that never joined
+    and the address and port they were told, instead of waiting (launcher/rank/startup.py).
+    It starts after each rank's own loading (tokenized data, a universal checkpoint)."""
+    network_gb_s: float = 0.0
+    """All-reduce bus bandwidth (GB/s, nccl-tests' busbw) expected between nodes, which
+    `ftl doctor` measures against; 0: unknown (reported, not judged)."""
+    doctor: bool = False
+    """`ftl submit`: run `ftl doctor`'s checks as the job's first step and train only if
+    they pass (`ftl submit --doctor` sets it)."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Slurm's own settings, used when scheduler=slurm."""
 

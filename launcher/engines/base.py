@@ -79,6 +79,11 @@ class Engine:
     def prepare_rank(self, cfg: RunConfig) -> None:
         """Before anything is imported or built on a rank."""
 
+    def process_group_backend(self, on_cpu: bool) -> str:
+        """The default process group's backend, which the ranks create themselves
+        (launcher/rank/startup.py) before accelerate, which then uses it."""
+        return "gloo" if on_cpu else "nccl"
+
     def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         """Pre-configure accelerate where its own detection is wrong; returns the
         TrainingArguments accelerator_config."""

@@ -1,10 +1,11 @@
 """The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`.
 
 Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
-tokenizer -> data -> distributed state -> TrainingArguments -> model -> Trainer -> train
-(resuming from the last complete checkpoint) -> evaluate -> save -> result. What each file
-is and who writes it: launcher/rundir/. Nothing here exists for tests: they inject their
-probes through `train.callbacks`.
+tokenizer -> data -> process group (rank/startup.py, bounded) -> distributed state ->
+TrainingArguments -> model -> Trainer -> train (resuming from the last complete
+checkpoint) -> evaluate -> save -> result. What each file is and who writes it:
+launcher/rundir/. Nothing here exists for tests: they inject their probes through
+`train.callbacks`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from launcher.engines import engine_of
 from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
+from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
@@ -88,9 +90,13 @@ def train(run_dir: RunDir) -> NoReturn:
                               cleanup=release_deepspeed_shm)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
+    # Within cluster.startup_timeout_s, or an error naming the ranks that never came;
+    # accelerate and DeepSpeed use this group.
+    join_world(cfg, run_dir)
     accelerator_config = setup_distributed(cfg, on_cpu)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
+    collective_timeout(args.ddp_timeout)  # the start-up bound ends here
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.

@@ -31,11 +31,12 @@ Per-rank logs land in RUN_DIR/logs (layouts measured with torch 2.13 / deepspeed
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import NO_SCHEDULER, RunConfig
@@ -114,6 +115,9 @@ def _torchrun_multi(
         "--rdzv_endpoint", f"{head}:{cluster.master_port}",
         # Same run dir -> same id, so a requeued job's nodes meet in the same rendezvous.
         "--rdzv_id", rendezvous_id(run_dir),
+        # A node that never joins ends the rendezvous after the start-up bound (torch's
+        # default: 600 s), the same bound the ranks' own join has (rank/startup.py).
+        "--rdzv_conf", f"join_timeout={int(math.ceil(cluster.startup_timeout_s))}",
         *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{rank}")),
         *_program("--module", run_dir),
     ]
@@ -200,6 +204,13 @@ def _deepspeed_common(run_dir: str) -> list[str]:
         "--enable_each_rank_log", posixpath.join(run_dir, LOGS),
         *_program("--module", run_dir),
     ]
+
+
+def with_module(launch: Launch, module: str) -> Launch:
+    """The same launch starting `python -m MODULE RUN_DIR` on every rank instead of the
+    worker (`ftl doctor`'s ranks: launcher/doctor/rank.py)."""
+    argv = [module if arg == WORKER_MODULE else arg for arg in launch.argv]
+    return replace(launch, argv=argv)
 
 
 def _program(module_flag: str, run_dir: str) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from launcher.rundir.records import (
     CompleteMarker,
+    DoctorReport,
     HangRecord,
     LaunchRecord,
     MetricsEvent,
@@ -29,6 +30,7 @@ from launcher.rundir.records import (
     RankMetrics,
     Record,
     RunResult,
+    StartupRecord,
 )
 
 R = TypeVar("R", bound=Record)
@@ -57,6 +59,11 @@ job's) when the run ended that way: resumable from the last complete checkpoint,
 HANG = "hang"
 """RUN_DIR/hang/: rank-<R>.txt (every thread's stack) and rank-<R>.json (HangRecord),
 written by rank R's hang watchdog (launcher/rank/watchdog.py)."""
+STARTUP = "startup"
+"""RUN_DIR/startup/rank-<R>.json: a rank about to join the process group (StartupRecord)."""
+DOCTOR = "doctor.json"
+DOCTOR_DIR = "doctor"
+"""`ftl doctor`'s files: doctor.json (rank 0: the checks' rows), doctor/ (its probe files)."""
 COMPLETE_MARKER = "COMPLETE"
 """checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
@@ -100,6 +107,37 @@ class RunDir:
     preempt_requested = _file(PREEMPT_REQUESTED)
     preempted = _file(PREEMPTED)
     cancel_requested = _file(CANCEL_REQUESTED)
+    startup = _file(STARTUP)
+    doctor = _file(DOCTOR)
+    doctor_dir = _file(DOCTOR_DIR)
+
+    def write_doctor(self, report: DoctorReport) -> None:
+        write_file_atomic(self.doctor, json.dumps(report.to_dict(), indent=2) + "\n")
+
+    def read_doctor(self) -> DoctorReport | None:
+        return _read_optional(self.doctor, DoctorReport)
+
+    def startup_file(self, rank: int) -> Path:
+        return self.startup / f"rank-{rank}.json"
+
+    def write_startup(self, record: StartupRecord) -> None:
+        self.startup.mkdir(exist_ok=True)
+        write_file_atomic(self.startup_file(record.rank), json.dumps(record.to_dict()) + "\n")
+
+    def started_nodes(self) -> set[int]:
+        """The nodes whose batch-job task started its launcher (startup/node-<N>.json)."""
+        names = (p.stem.removeprefix("node-") for p in self.startup.glob("node-*.json"))
+        return {int(name) for name in names if name.isdigit()}
+
+    def read_startups(self) -> dict[int, StartupRecord]:
+        """rank -> its start-up record, for the ranks that wrote one (this launch's: the
+        records of an earlier start of a requeued job are replaced as its ranks start)."""
+        found = {}
+        for path in self.startup.glob("rank-*.json"):
+            record = _read_optional(path, StartupRecord)
+            if record is not None:
+                found[record.rank] = record
+        return found
 
     def rank_error(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.error"

@@ -174,3 +174,34 @@ class MetricsEvent:
             values = {k: v for k, v in data.items() if k not in _CORE}
         return cls(int(data["step"]), int(data.get("launch", 0)), float(data.get("time", 0.0)),
                    kind, values, data.get("peak_memory_mib"))
+
+
+@dataclass(frozen=True)
+class StartupRecord(Record):
+    """startup/rank-<R>.json (rank R, just before it joins the process group): who it is
+    and where it was told to meet the others (launcher/rank/startup.py)."""
+
+    rank: int
+    world_size: int
+    node: int
+    host: str
+    pid: int
+    master_addr: str
+    master_port: str
+    time: float
+
+
+@dataclass(frozen=True)
+class DoctorReport(Record):
+    """doctor.json (rank 0 of `ftl doctor`): the checks' rows and what every rank saw
+    (launcher/doctor/)."""
+
+    ok: bool
+    run_dir: str
+    backend: str
+    world_size: int
+    nodes: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """check, status (ok | FAIL | info), detail, fix."""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    bandwidth: list[dict[str, Any]] = field(default_factory=list)

@@ -294,8 +294,11 @@ def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def two_node_job(launcher: str, out: Path) -> Job:
     strategy = "zero2" if launcher == "deepspeed" else "ddp"
+    # torchrun's job: cluster.doctor=true (`ftl submit --doctor`), ftl doctor's checks are
+    # its first step (~35 s here; under the deepspeed launcher ~60 s, so not both jobs).
+    doctor = ["cluster.doctor=true"] if launcher == "torchrun" else []
     return submit_job([*TINY, "train.max_steps=4", "cluster.nodes=2", "cluster.gpus_per_node=1",
-                       f"cluster.launcher={launcher}", f"strategy={strategy}",
+                       f"cluster.launcher={launcher}", f"strategy={strategy}", *doctor,
                        "train.callbacks=[{_target_:tests.integration.probes.WrapperProbe}]",
                        f"run.output_dir={out}"])
 
@@ -455,6 +458,22 @@ def assert_two_node_job_trained(job: Job, launcher: str) -> None:
     else:
         assert (job.run_dir / "logs" / "node-0").is_dir()
         assert (job.run_dir / "logs" / "node-1").is_dir()
+        assert_doctor_step_passed(job)
+
+
+def assert_doctor_step_passed(job: Job) -> None:
+    """The job's first step was ftl doctor on both nodes: its table in the job's output,
+    gloo's bus bandwidth measured between the two nodes, every check passed."""
+    log = job.out.read_text()
+    assert "ftl doctor: 2 rank(s) on 2 node(s), backend gloo" in log, job.logs()
+    assert "ftl doctor: every check passed" in log, log
+    report = json.loads((job.run_dir / "doctor.json").read_text())
+    assert report["ok"] is True
+    assert sorted(r["host"] for r in report["ranks"]) == ["node1", "node2"]
+    inter = [m for m in report["bandwidth"] if m["scope"] == "inter-node"]
+    assert [m["size_bytes"] // 2**20 for m in inter] == [1, 4, 16, 64, 256]
+    assert all(m["busbw_gb_s"] > 0 for m in inter)
+    assert all(r["output_shared"] and r["cache_shared"] for r in report["ranks"])
 
 
 def test_two_node_torchrun_job_trains_with_world_size_two(two_node_torchrun: Job) -> None:

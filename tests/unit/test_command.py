@@ -38,7 +38,7 @@ def test_torchrun_two_nodes_uses_c10d_and_shell_placeholders() -> None:
     assert launch.argv == [
         "torchrun", "--nnodes", "2", "--nproc_per_node", "8",
         "--rdzv_backend", "c10d", "--rdzv_endpoint", "${FTL_HEAD_NODE}:29600",
-        "--rdzv_id", "ftl-20260101-120000",
+        "--rdzv_id", "ftl-20260101-120000", "--rdzv_conf", "join_timeout=900",
         "--log_dir", f"{RUN_DIR}/logs/node-${{FTL_NODE_RANK}}", *TORCHRUN_LOGS, *WORKER,
     ]
     assert launch.per_node is True
@@ -182,3 +182,20 @@ def test_command_module_imports_no_heavy_library() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_torchrun_rendezvous_waits_the_start_up_bound_rounded_up() -> None:
+    launch = launch_for("cluster=slurm", "cluster.nodes=2", "cluster.startup_timeout_s=7.5",
+                        *GPU8)
+    assert launch.argv[launch.argv.index("--rdzv_conf") + 1] == "join_timeout=8"
+
+
+def test_with_module_swaps_only_the_program() -> None:
+    from launcher.run.command import with_module
+
+    launch = launch_for("cluster=slurm", "cluster.nodes=2", *GPU8)
+    doctor = with_module(launch, "launcher.doctor.rank")
+    assert doctor.argv[:-3] == launch.argv[:-3]
+    assert doctor.argv[-3:] == ["--module", "launcher.doctor.rank", RUN_DIR]
+    assert (doctor.env, doctor.per_node, doctor.shell_vars) == (
+        launch.env, launch.per_node, launch.shell_vars)

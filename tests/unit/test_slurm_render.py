@@ -530,3 +530,17 @@ def test_status_of_a_dry_run_dir_and_of_nonsense(
     assert "latest complete checkpoint: none yet" in printed
     with pytest.raises(ConfigError, match="neither a run directory nor a job id"):
         status(str(tmp_path / "missing"))
+
+
+def test_doctor_step_comes_first_and_a_failed_check_ends_the_job() -> None:
+    cfg = compose_config([*GPU_JOB, "cluster.nodes=2", "cluster.doctor=true"])
+    text = render(cfg, RUN_DIR)
+    doctor = text.index("--module launcher.doctor.rank")
+    training = text.index("--module launcher.rank.worker")
+    verdict = text.index('if ! python -m launcher.doctor "$FTL_RUN_DIR"; then')
+    assert doctor < verdict < training
+    assert text[verdict:training].count("    exit 1\n") == 1
+    # same launcher, nodes and rendezvous bound for both steps
+    assert text.count("torchrun --nnodes 2 --nproc_per_node 8") == 2
+    assert text.count("--rdzv_conf join_timeout=900") == 2
+    assert "launcher.doctor" not in render(compose_config([*GPU_JOB, "cluster.nodes=2"]), RUN_DIR)

@@ -54,6 +54,11 @@ class FsdpEngine(Engine):
 
     # ------------------------------------------------------------ rank side
 
+    def process_group_backend(self, on_cpu: bool) -> str:
+        # accelerate's own choice for FSDP with CPU offload or a full state dict on GPUs:
+        # those move CPU tensors through collectives, which NCCL alone cannot.
+        return "gloo" if on_cpu else "cuda:nccl,cpu:gloo"
+
     def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         if not on_cpu:
             return {}

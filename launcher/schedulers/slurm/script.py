@@ -2,9 +2,10 @@
 
 The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
 requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
-head node from the allocation -> one srun task per node, each starting torchrun (c10d
-rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as `srun ... & wait`
-so the traps can run while training -> finished, cancelled, or requeue.
+head node from the allocation -> with cluster.doctor, `ftl doctor`'s step (the same
+srun and launcher; a failed check ends the job) -> one srun task per node, each starting
+torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as
+`srun ... & wait` so the traps can run while training -> finished, cancelled, or requeue.
 
 Stopping (measured, docs/stack-notes.md): every stop is RUN_DIR/preempt.requested, which
 every rank polls at step ends (launcher/rank/preempt.py), whatever launcher sits between srun
@@ -42,7 +43,15 @@ from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import RunConfig
-from launcher.run.command import HEAD_NODE_VAR, NODE_RANK_VAR, Launch, quote_arg, render_argv
+from launcher.doctor import DOCTOR_MODULE
+from launcher.run.command import (
+    HEAD_NODE_VAR,
+    NODE_RANK_VAR,
+    Launch,
+    quote_arg,
+    render_argv,
+    with_module,
+)
 from launcher.run.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 from launcher.rundir import (
     CANCEL_REQUESTED,
@@ -54,6 +63,7 @@ from launcher.rundir import (
     PREEMPT_REQUESTED,
     PREEMPTED,
     RESULT,
+    STARTUP,
 )
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
@@ -136,6 +146,8 @@ def render_sbatch(
         lines += ["", "# cluster.setup (run as written)", *cfg.cluster.setup]
     lines += ["", *(f"export {key}={q(value)}" for key, value in launch.env.items())]
     lines += _head_node_lines(cfg, launch, run_dir)
+    if cfg.cluster.doctor:
+        lines += ["", *_doctor_lines(cfg, launch, run_dir)]
     lines += ["", *_srun_lines(cfg, launch, run_dir), "", *_finish_lines(cfg)]
     return "\n".join(lines) + "\n"
 
@@ -150,6 +162,7 @@ def _start_lines() -> list[str]:
         "fi",
         f'rm -f "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} "$FTL_RUN_DIR"/{PREEMPTED}',
         f'rm -rf "$FTL_RUN_DIR"/{HANG}  # an earlier start\'s hang (a requeue by hand)',
+        f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # who starts is recorded afresh at each start',
         f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
     ]
 
@@ -212,6 +225,21 @@ def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
     ]
 
 
+def _doctor_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
+    """cluster.doctor=true (`ftl submit --doctor`): `ftl doctor`'s ranks on the same nodes
+    with the same launcher first (launcher/doctor/); its table goes to the job's output, and
+    a failed check ends the job (exit 1, not requeued) before any training starts."""
+    return [
+        "# cluster.doctor=true: ftl doctor's checks on these nodes first (launcher/doctor/).",
+        *_srun_lines(cfg, with_module(launch, DOCTOR_MODULE), run_dir),
+        'if ! python -m launcher.doctor "$FTL_RUN_DIR"; then',
+        '    echo "ftl: ftl doctor found a problem (above; step exit code $rc); not training"',
+        "    exit 1",
+        "fi",
+        f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # the doctor\'s ranks are not the training\'s',
+    ]
+
+
 def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
     """The srun task: start this node's launcher where a step's TERM/INT cannot reach it,
     and turn those signals into the stop request the ranks poll (docs/stack-notes.md).
@@ -240,6 +268,10 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
         "}",
         'trap "ftl_stop TERM" TERM',
         'trap "ftl_stop INT" INT',
+        # This node's launcher started (launcher/rank/startup.py diagnose reads it).
+        f'mkdir -p "${RUN_DIR_VAR}"/{STARTUP} && printf \'{{"node": %s, "host": "%s", '
+        f'"time": %s}}\\n\' "${NODE_RANK_VAR}" "$(hostname)" "$(date +%s)" '
+        f'> "${RUN_DIR_VAR}"/{STARTUP}/node-"${NODE_RANK_VAR}".json',
         f'(trap "" TERM INT; exec setsid {command}) &',
         "launcher=$!",
         *_wait_lines("launcher"),
@@ -295,6 +327,7 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         "    fi",
         "fi",
         '[ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done',
+        'python -m launcher.rank.startup "$FTL_RUN_DIR"  # the nodes/ranks that never came',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
     ]

@@ -26,6 +26,7 @@ if [ -e "$FTL_RUN_DIR"/cancel.requested ]; then
 fi
 rm -f "$FTL_RUN_DIR"/preempt.requested "$FTL_RUN_DIR"/preempted
 rm -rf "$FTL_RUN_DIR"/hang  # an earlier start's hang (a requeue by hand)
+rm -rf "$FTL_RUN_DIR"/startup  # who starts is recorded afresh at each start
 [ -e "$FTL_RUN_DIR"/cancel.requested ] && touch "$FTL_RUN_DIR"/preempt.requested
 
 # USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel
@@ -60,6 +61,7 @@ ftl_stop() {
 }
 trap "ftl_stop TERM" TERM
 trap "ftl_stop INT" INT
+mkdir -p "$FTL_RUN_DIR"/startup && printf '"'"'{"node": %s, "host": "%s", "time": %s}\n'"'"' "$FTL_NODE_RANK" "$(hostname)" "$(date +%s)" > "$FTL_RUN_DIR"/startup/node-"$FTL_NODE_RANK".json
 (trap "" TERM INT; exec setsid deepspeed --num_gpus 8 --master_port 29500 --no_local_rank --enable_each_rank_log "${FTL_RUN_DIR}"/logs --module launcher.rank.worker "${FTL_RUN_DIR}") &
 launcher=$!
 # wait returns early (status > 128) when a trap ran; then keep waiting.
@@ -105,5 +107,6 @@ elif [ -e "$FTL_RUN_DIR"/preempt.requested ]; then
     fi
 fi
 [ "$rc" -eq 0 ] && rc=1  # the ranks stopped early: the run is not done
+python -m launcher.rank.startup "$FTL_RUN_DIR"  # the nodes/ranks that never came
 echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"
 exit "$rc"

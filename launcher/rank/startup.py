@@ -1,0 +1,218 @@
+"""Joining the process group within `cluster.startup_timeout_s`, or saying who never came.
+
+Every rank writes RUN_DIR/startup/rank-<R>.json (host, pid, node, the MASTER_ADDR and
+MASTER_PORT it was told) and then joins with the bound as the process group's timeout.
+A join cut short by the bound, or a rank whose peers do not all check in on the
+rendezvous store within it, raises `StartupError`: one line naming the ranks (and their
+nodes) that never joined, the address and port, and what each missing rank left behind
+(a record: it started but could not connect; none: it never got that far, or the run dir
+is not the same directory on its node). The worker writes it to logs/rank<R>.error, which
+`ftl train` prints.
+
+The group keeps the bound as its timeout until the worker hands it the Trainer's
+(`collective_timeout(args.ddp_timeout)`, what accelerate would have given the group it
+no longer creates), so a slow checkpoint save is not cut short by a start-up bound.
+
+Multi-node torchrun meets its nodes in its own rendezvous before any rank exists;
+launcher/run/command.py gives that `join_timeout` the same bound. A batch job's node task
+writes RUN_DIR/startup/node-<N>.json as it starts its launcher, and after a failed step the
+job runs `python -m launcher.rank.startup RUN_DIR` (`diagnose`): the nodes whose launcher
+never started, or the ranks that never came although their node's launcher did.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig
+from launcher.rundir import RunDir, StartupRecord
+
+JOINED_KEY = "ftl/startup/joined/"
+
+
+class StartupError(RuntimeError):
+    """Some ranks never joined the process group within cluster.startup_timeout_s."""
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    node: int
+    master_addr: str
+    master_port: str
+
+    @classmethod
+    def from_env(cls, gpus_per_node: int) -> World:
+        """This rank as its launcher describes it; ranks are numbered node by node, so
+        its node is rank // gpus_per_node (torchrun also says GROUP_RANK; deepspeed not)."""
+        env = os.environ
+        rank = int(env.get("RANK", "0"))
+        return cls(rank, int(env.get("WORLD_SIZE", "1")), rank // gpus_per_node,
+                   env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?"))
+
+
+def backend(cfg: RunConfig) -> str:
+    """The run's backend: gloo on CPU, NCCL on GPUs (with gloo beside it under FSDP)."""
+    from launcher.engines import engine_of
+
+    return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
+
+
+def join_world(cfg: RunConfig, run_dir: RunDir, alone_too: bool = False) -> World:
+    """Write this rank's start-up record and join the default process group within the
+    bound; accelerate and DeepSpeed then use this group. A world of one has nobody to
+    wait for and is left to accelerate as before (a single process gets no group from
+    it), unless alone_too (the doctor's collectives need a group)."""
+    import torch
+    import torch.distributed as dist
+
+    world = World.from_env(cfg.cluster.gpus_per_node)
+    bound = cfg.cluster.startup_timeout_s
+    run_dir.write_startup(StartupRecord(
+        world.rank, world.world_size, world.node, node_name(), os.getpid(),
+        world.master_addr, world.master_port, time.time()))
+    if world.world_size == 1 and not (alone_too and "MASTER_ADDR" in os.environ):
+        return world
+    name = backend(cfg)
+    if name != "gloo":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    started = time.monotonic()
+    try:
+        dist.init_process_group(name, timeout=timedelta(seconds=bound))
+        joined = check_in(world, bound - (time.monotonic() - started))
+    except Exception as error:  # noqa: BLE001 - any failure to join is diagnosed alike
+        raise StartupError(missing_message(cfg, run_dir, world, None, error)) from error
+    if len(joined) < world.world_size:
+        raise StartupError(missing_message(cfg, run_dir, world, joined, None))
+    return world
+
+
+def collective_timeout(seconds: float) -> None:
+    """The default group's timeout from now on (the start-up bound until then)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+
+
+def check_in(world: World, left_s: float) -> set[int]:
+    """Every rank sets its key on the rendezvous store and waits for the others' for what
+    is left of the bound; returns the ranks whose key is there.
+
+    A gloo group's creation already needs every rank; an NCCL group connects lazily, so
+    without this a missing rank would only show at the first collective."""
+    from torch.distributed import distributed_c10d
+
+    store = distributed_c10d._get_default_store()
+    store.set(f"{JOINED_KEY}{world.rank}", node_name())
+    keys = [f"{JOINED_KEY}{rank}" for rank in range(world.world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=max(left_s, 1.0)))
+        return set(range(world.world_size))
+    except Exception:  # noqa: BLE001 - the store's timeout error: who is there?
+        return {rank for rank, key in enumerate(keys) if store.check([key])}
+
+
+def missing_message(cfg: RunConfig, run_dir: RunDir, world: World,
+                    joined: set[int] | None, error: BaseException | None) -> str:
+    """One line: who never joined within the bound, where they were told to meet, what
+    each left in RUN_DIR/startup/, and the fix. joined: the ranks the store saw, or None
+    when the group itself did not form (then a start-up record is all there is)."""
+    records = current_records(run_dir, world, cfg.cluster.startup_timeout_s)
+    everyone = range(world.world_size)
+    silent = [rank for rank in everyone if rank not in records]
+    stuck = [] if joined is None else [r for r in everyone if r in records and r not in joined]
+    parts = [f"start-up: the process group did not form within cluster.startup_timeout_s="
+             f"{cfg.cluster.startup_timeout_s:g} (MASTER_ADDR={world.master_addr} "
+             f"MASTER_PORT={world.master_port}; this is rank {world.rank} on "
+             f"{node_name()})."]
+    if silent:
+        nodes = sorted({rank // cfg.cluster.gpus_per_node for rank in silent})
+        parts.append(f"Never joined: rank(s) {_ranges(silent)} (node(s) {_ranges(nodes)}) "
+                     f"wrote no {run_dir.startup.name}/rank-<R>.json: they never started or "
+                     "are stuck before joining; check their node's launcher and logs, and "
+                     "that the run dir is the same directory on every node (ftl doctor).")
+    if stuck or (not silent and joined is None):
+        told = ", ".join(f"rank {r} on {records[r].host} told {records[r].master_addr}:"
+                         f"{records[r].master_port}" for r in (stuck or sorted(records)))
+        parts.append(f"Started but did not connect: {told}; check that the address is "
+                     "reachable from every node and the port open.")
+    if error is not None and not silent:
+        first = str(error).splitlines()[0] if str(error) else ""
+        parts.append(f"({type(error).__name__}: {first})")
+    parts.append("Fix: start every rank (or raise cluster.startup_timeout_s if start-up "
+                 "is just slow).")
+    return " ".join(parts)
+
+
+def diagnose(run_dir: RunDir, head: str | None) -> str | None:
+    """After a launch that failed: who never started, from RUN_DIR/startup/ alone (a job
+    clears it at each start). None when every rank started (the failure came later)."""
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import to_run_config
+
+    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    ranks, nodes = run_dir.read_startups(), run_dir.started_nodes()
+    silent = [rank for rank in range(cfg.world_size) if rank not in ranks]
+    if not silent:
+        return None
+    where = f"{head or '<head node>'}:{cfg.cluster.master_port}"
+    absent = [node for node in range(cfg.cluster.nodes) if node not in nodes]
+    parts = [f"start-up: {len(ranks)} of {cfg.world_size} ranks started; rank(s) "
+             f"{_ranges(silent)} never did."]
+    if absent:
+        parts.append(f"Node(s) {_ranges(absent)} (the job's node numbers) never started their "
+                     f"launcher (no {run_dir.startup.name}/node-<N>.json): check those nodes' "
+                     "output above and cluster.setup.")
+    else:
+        # torchrun numbers nodes in the order they join, so a rank's node is not known
+        # before it starts: the launchers are named, not the nodes of the missing ranks.
+        parts.append(f"Every node's launcher started, but their rendezvous at {where} did "
+                     f"not complete within cluster.startup_timeout_s="
+                     f"{cfg.cluster.startup_timeout_s:g}: check that every node reaches that "
+                     "address and port.")
+    return " ".join(parts)
+
+
+def current_records(run_dir: RunDir, world: World, bound_s: float) -> dict[int, StartupRecord]:
+    """This start's records: a requeued job's earlier start left its own, older than this
+    rank's by more than the bound."""
+    records = run_dir.read_startups()
+    mine = records.get(world.rank)
+    if mine is None:
+        return records
+    return {rank: r for rank, r in records.items() if r.time >= mine.time - bound_s}
+
+
+def node_name() -> str:
+    """Slurm's node name where there is one (several slurmd "nodes" may share a host)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    if not numbers:
+        return "none"
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    message = diagnose(RunDir(Path(sys.argv[1])), os.environ.get("FTL_HEAD_NODE"))
+    if message:
+        print(f"ftl: {message}", flush=True)
