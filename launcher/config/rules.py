@@ -15,6 +15,7 @@ from pathlib import Path
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
+from launcher.config.trackers import name_problems as tracker_names
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
@@ -38,7 +39,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names, _tensor_parallel,
+        _multi_node, _plain_names, _tensor_parallel, tracker_names,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 

@@ -28,6 +28,7 @@ from launcher.rundir.records import (
     RankMetrics,
     Record,
     RunResult,
+    TrackerRuns,
 )
 
 R = TypeVar("R", bound=Record)
@@ -49,6 +50,7 @@ METRICS = "metrics.jsonl"
 RESULT = "result.json"
 LOGS = "logs"
 PROBES = "probes"
+TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
 """checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
@@ -84,6 +86,7 @@ class RunDir:
     rank_metrics = _file("metrics")
     result = _file(RESULT)
     tensorboard = _file("tensorboard")
+    trackers = _file(TRACKERS)
     logs = _file(LOGS)
     probes = _file(PROBES)
     report_png = _file("report.png")
@@ -139,6 +142,12 @@ class RunDir:
     def read_metrics(self) -> list[MetricsEvent]:
         """Every event so far; a line still being written (or torn) is skipped."""
         return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
+
+    def write_trackers(self, record: TrackerRuns) -> None:
+        write_file_atomic(self.trackers, json.dumps(record.to_dict()) + "\n")
+
+    def read_trackers(self) -> TrackerRuns | None:
+        return _read_optional(self.trackers, TrackerRuns)
 
     def rank_metrics_file(self, rank: int) -> Path:
         return self.rank_metrics / f"rank{rank}.json"

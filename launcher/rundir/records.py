@@ -108,6 +108,18 @@ class Preempted(Record):
     reason: str
 
 
+@dataclass(frozen=True)
+class TrackerRuns(Record):
+    """trackers.json (rank 0, when it opens the tracker runs of a launch): the run's id in
+    each tracker of train.report_to, so a launch that resumes its checkpoint continues the
+    same tracker run (launcher/rank/trackers.py). Ids only: never a credential or URI."""
+
+    wandb: str | None = None
+    mlflow: str | None = None
+    launches: int = 0
+    """Launches that have logged to these tracker runs (all run dirs together)."""
+
+
 _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 
 
