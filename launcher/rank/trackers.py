@@ -14,11 +14,12 @@ module adds what makes a tracker run *this* run:
   MLflow: `mlflow.start_run(run_id=...)` here, so MLflowCallback finds the run active and
   neither starts one nor ends it at train end (it would, and the worker's final eval,
   after train(), would then log into a second, new run).
-- The run's facts (callbacks/tracker_params.py): the resolved config, strategy, world size and the
-  estimate once per tracker run, and per launch its world size, first step and start-up
-  seconds (launcher/timing.py), as wandb config and MLflow params. MLflow refuses to change
-  a logged param, so a resumed launch logs only its own `ftl.launch.<N>.*` keys, and the
-  integration's TrainingArguments (whose output_dir differs per run dir) not again.
+- The run's facts (callbacks/tracker_params.py): the resolved config, strategy, world
+  size and the estimate once per tracker run, and per launch its world size, first step
+  and start-up seconds (launcher/timing.py), as wandb config and MLflow params. MLflow
+  refuses to change a logged param, so a resumed launch logs only its own
+  `ftl.launch.<N>.*` keys, and the integration's TrainingArguments (whose output_dir
+  differs per run dir) not again.
 - Closing. The worker leaves with os._exit, where no atexit hook runs: `close_runs` ends
   the runs (MLflow flushes its asynchronous logging on end_run) before that.
 
