@@ -130,6 +130,10 @@ def _explain(override: str, error: Exception) -> str:
             f"{override}: '{typed.group(1)}' is not a valid {typed.group(2).lower()}. "
             f"Fix: give {_key(override)} a {typed.group(2).lower()} value."
         )
+    if "is not a ListConfig, list or tuple" in text:
+        value = override.split("=", 1)[-1]
+        return (f"{override}: {_key(override)} is a list. "
+                f"Fix: {_key(override)}=[{value}] (several: [a,b]).")
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
     return f"{override}: {first_line}. Fix: see `ftl plan --help` for the override syntax."
 

@@ -27,6 +27,7 @@ from launcher.config.compose import compose_dict, config_dir
 from launcher.config.rules import CHOICES
 from launcher.config.schema import NO_SCHEDULER
 from launcher.config.strategies import strategy_table
+from launcher.config.trackers import CHOICES as TRACKER_CHOICES
 from launcher.errors import ConfigError
 from launcher.schedulers.base import SCHEDULERS
 
@@ -79,7 +80,7 @@ def all_keys() -> list[Key]:
     defaults = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").defaults)
     groups = {k: v for entry in defaults or [] if isinstance(entry, dict) for k, v in entry.items()}
     choices = {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS),
-               "strategy.name": tuple(strategy_table()),
+               "strategy.name": tuple(strategy_table()), "train.report_to": TRACKER_CHOICES,
                **{group: _options(group) for group in schema.GROUPS}}
     keys: list[Key] = []
 

@@ -6,12 +6,15 @@ never raises, so every problem reaches the user in one message before anything s
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.config import trackers
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
@@ -243,3 +246,38 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
         "offload that fits (`ftl estimate`), more nodes, or peft=lora."
     ]
 
+
+def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """train.report_to: a tracker's package missing here, or its credential missing from the
+    environment (a Slurm job inherits this environment: sbatch --export=ALL)."""
+    problems = []
+    for name in trackers.requested(cfg):
+        modules = trackers.REQUIRES[name]
+        if name == "mlflow" and _mlflow_sql_store(environ):
+            modules += trackers.SQL_STORE_MODULES
+        problems += [_missing(cfg, name, module) for module in modules
+                     if importlib.util.find_spec(module) is None]
+    wandb_mode = environ.get("WANDB_MODE", "").lower()
+    if "wandb" in trackers.requested(cfg) and not environ.get("WANDB_API_KEY") and \
+            wandb_mode not in trackers.WANDB_LOCAL_MODES:
+        problems.append(
+            f"{trackers.typed(cfg)}: wandb logs to its server and WANDB_API_KEY is not set in "
+            "this environment (ftl takes credentials from the environment only). Fix: export "
+            "WANDB_API_KEY=<your key>, or WANDB_MODE=offline to log locally (`wandb sync` "
+            "later), or leave wandb out of train.report_to."
+        )
+    return problems
+
+
+def _mlflow_sql_store(environ: Mapping[str, str]) -> bool:
+    """No URI (the default store, trackers.default_mlflow_uri) or a sqlite one."""
+    uri = environ.get("MLFLOW_TRACKING_URI", "")
+    return not uri or uri.startswith("sqlite:")
+
+
+def _missing(cfg: RunConfig, name: str, module: str) -> str:
+    extra = trackers.EXTRAS.get(name)
+    install = f"pip install 'ftlaunch[{extra}]'" if extra else f"pip install {module}"
+    return (f"{trackers.typed(cfg)}: {name} needs the Python package {module}, which is not "
+            f"installed in this environment. Fix: {install}, or leave {name} out of "
+            "train.report_to.")

@@ -16,6 +16,7 @@ from launcher.config.hardware import GPU_PRESETS
 from launcher.config.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
+from launcher.config.trackers import name_problems as tracker_names
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
@@ -39,7 +40,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names, model_parallel_problems, _watchdog,
+        _multi_node, _plain_names, model_parallel_problems, _watchdog, tracker_names,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 

@@ -295,6 +295,14 @@ class TrainConfig:
     first_step_timeout_s: float = 3600.0
     """The watchdog's bound until a launch's first optimizer step (model loading,
     compilation, process-group set-up); at least train.hang_timeout_s."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers rank 0 logs every log event to: any of tensorboard
+    (RUN_DIR/tensorboard), wandb, mlflow, or [none]. wandb and mlflow also get the resolved
+    config, strategy, world size, estimate and start-up times, and a resumed launch
+    continues the same wandb/MLflow run (its id: RUN_DIR/trackers.json). Credentials and
+    servers come from the environment only (WANDB_API_KEY, WANDB_MODE, WANDB_PROJECT,
+    MLFLOW_TRACKING_URI, ...; README, "Trackers"); wandb and mlflow are extras: pip install
+    'ftlaunch[wandb]'."""
 
 
 @dataclass

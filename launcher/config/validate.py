@@ -106,6 +106,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     space = preflight.space_problems(cfg, checked.estimate)
     (checked.warnings if dry_run or cfg.run.force else here).extend(space)
     (checked.warnings if dry_run else problems).extend(here)
+    # a tracker's package and credential: this environment's, which a batch job inherits
+    (checked.warnings if dry_run else problems).extend(preflight.tracker_problems(cfg))
     checked.resume_from = preflight.resume_source(cfg)
     problems += preflight.resume_problems(cfg, checked.resume_from)
     if checked.target == "submit" and not problems:  # not for an unregistered scheduler

@@ -116,7 +116,9 @@ def train(run_dir: RunDir) -> NoReturn:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     start_step = _step_of(resume)
     from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
+    from launcher.rank.trackers import attach, close_runs
 
+    attach(trainer, cfg, run_dir, plan, resume)  # rank 0: wandb/mlflow runs, continued
     stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop
     trainer.train(resume_from_checkpoint=str(load_from) if load_from else None)
     timing.mark("train_end")
@@ -124,6 +126,7 @@ def train(run_dir: RunDir) -> NoReturn:
         # Stopped early (preemption, a stop request): the last complete checkpoint is the
         # state to continue from; the final eval and model belong to the finished run.
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
+        close_runs(finished=False)
         finish()
     memtrace.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
@@ -141,6 +144,7 @@ def train(run_dir: RunDir) -> NoReturn:
     if trainer.is_world_process_zero():
         run_dir.write_result(result)
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
+    close_runs(finished=True)
     finish()
 
 

@@ -31,6 +31,7 @@ from launcher.rundir.records import (
     Record,
     RunResult,
     StartupRecord,
+    TrackerRuns,
 )
 
 R = TypeVar("R", bound=Record)
@@ -64,6 +65,7 @@ STARTUP = "startup"
 DOCTOR = "doctor.json"
 DOCTOR_DIR = "doctor"
 """`ftl doctor`'s files: doctor.json (rank 0: the checks' rows), doctor/ (its probe files)."""
+TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
 """checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
@@ -99,6 +101,7 @@ class RunDir:
     rank_metrics = _file("metrics")
     result = _file(RESULT)
     tensorboard = _file("tensorboard")
+    trackers = _file(TRACKERS)
     logs = _file(LOGS)
     probes = _file(PROBES)
     hang = _file(HANG)
@@ -208,6 +211,12 @@ class RunDir:
     def read_metrics(self) -> list[MetricsEvent]:
         """Every event so far; a line still being written (or torn) is skipped."""
         return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
+
+    def write_trackers(self, record: TrackerRuns) -> None:
+        write_file_atomic(self.trackers, json.dumps(record.to_dict()) + "\n")
+
+    def read_trackers(self) -> TrackerRuns | None:
+        return _read_optional(self.trackers, TrackerRuns)
 
     def rank_metrics_file(self, rank: int) -> Path:
         return self.rank_metrics / f"rank{rank}.json"

@@ -133,6 +133,18 @@ class HangRecord(Record):
     """The NCCL flight recorder's dump beside the stacks (GPU runs), if torch had one."""
 
 
+@dataclass(frozen=True)
+class TrackerRuns(Record):
+    """trackers.json (rank 0, when it opens the tracker runs of a launch): the run's id in
+    each tracker of train.report_to, so a launch that resumes its checkpoint continues the
+    same tracker run (launcher/rank/trackers.py). Ids only: never a credential or URI."""
+
+    wandb: str | None = None
+    mlflow: str | None = None
+    launches: int = 0
+    """Launches that have logged to these tracker runs (all run dirs together)."""
+
+
 _CORE = ("step", "launch", "time", "event", "peak_memory_mib")
 
 

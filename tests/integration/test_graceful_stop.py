@@ -5,7 +5,10 @@ looks newer is planted; the same command again skips it, resumes at the next ste
 evaluating "at the start" again, and the two launches' losses joined equal the
 uninterrupted run's, one loss per step. Under each backend family: ddp, ZeRO-2 (deepspeed
 launcher), ZeRO-3, FSDP2 with sharded checkpoints (torch.distributed.checkpoint), and
-Ctrl-C under ddp with activation checkpointing (which must change no number).
+Ctrl-C under ddp with activation checkpointing (which must change no number). The ddp
+SIGTERM case also logs to every tracker (wandb offline, MLflow's file store in tmp): one
+tracker run across the stop and the resume, MLflow's params and each step's loss once, and
+no credential from the environment in any file.
 A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
 checkpoint, through the launcher's parent-death SIGTERM that torchrun forwards.
 
@@ -148,11 +151,33 @@ CASES = [("ddp", "torchrun", signal.SIGTERM, ()), ("zero2", "deepspeed", signal.
          ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)]
 
 
+TRACKED_CASE = CASES[0]
+TRACKERS = "train.report_to=[tensorboard,wandb,mlflow]"
+SECRETS = {"WANDB_API_KEY": "wandb-s3cr3t-key-never-written",
+           "MLFLOW_TRACKING_PASSWORD": "mlflow-s3cr3t-never-written"}
+
+
+def track_everything(monkeypatch: pytest.MonkeyPatch, store: Path) -> str:
+    """wandb offline (its files in each run dir), MLflow in a file store in tmp, and
+    credentials in the environment that must never reach a file; returns the store URI.
+    The test's own environment: validation runs here, and the launches inherit it."""
+    uri = f"file://{store}"
+    settings = {"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": uri,
+                # MLflow 3 refuses a file store unless told (the sqlite default costs a
+                # ~10 s schema migration on 2 cores: docs/stack-notes.md)
+                "MLFLOW_ALLOW_FILE_STORE": "true", **SECRETS}
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    for key in ("WANDB_DIR", "WANDB_RUN_ID", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    return uri
+
+
 @pytest.mark.parametrize(("strategy", "launcher", "signum", "extra"), CASES,
                          ids=[run_name(s, la, sig.name, e) for s, la, sig, e in CASES])
 def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str,
-    signum: signal.Signals, extra: tuple[str, ...],
+    signum: signal.Signals, extra: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reference = trained(run_name(strategy, launcher, "fp32"),
                         strategy_overrides(strategy, launcher, "fp32"))
@@ -161,6 +186,10 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     root, name = runs_root / "signals", run_name(strategy, launcher, signum.name, extra)
     mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
             SLOW_WRAPPER if extra == CHECKPOINTED else SLOW, *extra]
+    tracked = (strategy, launcher, signum, extra) == TRACKED_CASE
+    if tracked:
+        store = track_everything(monkeypatch, root / f"{name}-mlruns")
+        mine.append(TRACKERS)
     at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
     started = time.monotonic()
     first_dir, returncode = stop_with_signal(root, name, mine, signum, at_step)
@@ -205,6 +234,47 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
         probe = json.loads((first_dir / "probes" / "wrapper-rank0.json").read_text())
         assert probe["activation_checkpointing"] is True
         assert reference.probe("wrapper", 0)["activation_checkpointing"] is False
+    if tracked:
+        check_one_tracker_run(first_dir, second_dir, stop_step, joined, store)
+        logs = [(root / f"{name}-1.log").read_text(), again.stdout, again.stderr]
+        assert not any(secret in log for secret in SECRETS.values() for log in logs)
+
+
+def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
+                          losses: dict[int, float], store: str) -> None:
+    """Both launches logged to the same wandb and MLflow run; MLflow (read back with its
+    own client) has the run's params and each step's loss once; no secret in any file."""
+    from mlflow import MlflowClient
+
+    first, second = (json.loads((d / "trackers.json").read_text())
+                     for d in (first_dir, second_dir))
+    assert (first["wandb"], first["mlflow"]) == (second["wandb"], second["mlflow"])
+    assert (first["launches"], second["launches"]) == (1, 2)
+    # wandb offline: one folder per launch, offline-run-<time>-<run id>, in its run dir
+    offline = [p for d in (first_dir, second_dir) for p in (d / "wandb").glob("offline-run-*")]
+    assert len(offline) == 2 and {p.name.rsplit("-", 1)[1] for p in offline} == {first["wandb"]}
+    assert all(any(p.glob("*.wandb")) for p in offline), offline
+
+    client = MlflowClient(store)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (run,) = client.search_runs(experiments)
+    assert run.info.run_id == first["mlflow"] and run.info.status == "FINISHED"
+    params, plan = run.data.params, json.loads((first_dir / "plan.json").read_text())
+    assert params["ftl.strategy"] == "ddp" and params["ftl.world_size"] == "2"
+    assert params["ftl.estimate.peak_bytes"] == str(plan["estimate"]["peak_bytes"])
+    assert params["train.max_steps"] == str(MAX_STEPS)  # the resolved config
+    assert params["ftl.launch.1.start_step"] == str(stop_step)
+    assert {"ftl.launch.0.startup.first_step", "ftl.launch.1.startup.first_step"} <= set(params)
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(1, MAX_STEPS + 1))  # each once
+    assert {m.step: m.value for m in history} == pytest.approx(losses)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == \
+        [0, MAX_STEPS]  # eval_on_start, and the final eval after train() in the same run
+
+    files = [p for root in (first_dir, second_dir, Path(store.removeprefix("file://")))
+             for p in root.rglob("*") if p.is_file()]
+    for secret in SECRETS.values():
+        assert not [p for p in files if secret.encode() in p.read_bytes()], secret
 
 
 def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:

@@ -165,10 +165,13 @@ def test_percent_in_run_dir_is_not_a_slurm_pattern() -> None:
 def test_secrets_never_reach_the_script_or_run_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    secrets = {"HF_TOKEN": "hf_s3cr3t_token_value", "WANDB_API_KEY": "wandb-s3cr3t-key"}
+    secrets = {"HF_TOKEN": "hf_s3cr3t_token_value", "WANDB_API_KEY": "wandb-s3cr3t-key",
+               "MLFLOW_TRACKING_TOKEN": "mlflow-s3cr3t-token",
+               "MLFLOW_TRACKING_URI": "https://user:s3cr3t-pass@mlflow.example"}
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
-    assert submit([*CPU_JOB, f"run.output_dir={tmp_path}"], dry_run=True) == 0
+    trackers = "train.report_to=[tensorboard,wandb,mlflow]"  # they read these at run time
+    assert submit([*CPU_JOB, trackers, f"run.output_dir={tmp_path}"], dry_run=True) == 0
     printed = capsys.readouterr().out
     (script,) = tmp_path.glob("*/*/job.slurm")
     texts = [printed] + [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
