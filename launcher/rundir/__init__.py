@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from launcher.rundir.records import (
     CompleteMarker,
+    ExamplesRecord,
     LaunchRecord,
     MetricsEvent,
     PlanRecord,
@@ -47,6 +48,7 @@ CANCEL_REQUESTED = "cancel.requested"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
+EXAMPLES = "examples.json"
 LOGS = "logs"
 PROBES = "probes"
 COMPLETE_MARKER = "COMPLETE"
@@ -83,6 +85,7 @@ class RunDir:
     metrics = _file(METRICS)
     rank_metrics = _file("metrics")
     result = _file(RESULT)
+    examples = _file(EXAMPLES)
     tensorboard = _file("tensorboard")
     logs = _file(LOGS)
     probes = _file(PROBES)
@@ -110,6 +113,12 @@ class RunDir:
 
     def read_result(self) -> RunResult | None:
         return _read_optional(self.result, RunResult)
+
+    def write_examples(self, record: ExamplesRecord) -> None:
+        self.examples.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+
+    def read_examples(self) -> ExamplesRecord | None:
+        return _read_optional(self.examples, ExamplesRecord)
 
     def write_preempted(self, record: Preempted) -> None:
         self.preempted.write_text(json.dumps(record.to_dict()) + "\n")
