@@ -1,7 +1,8 @@
 """launcher/inference/examples.py (`train.show_examples`): which held-out prompts, rendered
-how, answered by which models, scored and shown how. On the embedded default's tiny Llama
-built here, untrained; a trained run's table: tests/integration/test_ftl_train.py, and the
-default's >= 90 % exact match: tests/integration/test_first_run.py (`full`)."""
+how, answered by which initial model, scored and shown how. On the embedded default's tiny
+Llama built here, untrained. `ftl train` writing and printing them after a real (short)
+run: tests/integration/test_ftl_train.py, whose `full` case checks the default's >= 90 %
+exact match."""
 
 from __future__ import annotations
 
@@ -77,31 +78,11 @@ def test_a_prompt_is_the_text_training_put_before_the_answer(tokenizer: Any) -> 
 
 
 def test_a_batch_answers_what_ftl_chat_answers_each_prompt(model: Any, tokenizer: Any) -> None:
-    prompts = ["12+30", "7+5", "123+456", "99+99", "hello", "12+31"]  # three lengths
+    prompts = ["12+30", "7+5", "123+456", "12+31"]  # three lengths
     conversations = [[{"role": "user", "content": p}] for p in prompts]
-    batched = examples.answers(model, tokenizer, conversations, 6)
-    assert batched == [reply(model, tokenizer, c, 6) for c in conversations]
+    batched = examples.answers(model, tokenizer, conversations, 4)
+    assert batched == [reply(model, tokenizer, c, 4) for c in conversations]
     assert len(set(batched)) > 1  # distinct answers, each in its prompt's place
-
-
-def test_compare_answers_with_both_models_and_ftl_train_writes_and_prints_it(
-    tmp_path: Path, model: Any, tokenizer: Any, capsys: pytest.CaptureFixture[str],
-) -> None:
-    """A run whose final model is its initial one: the same answers before and after."""
-    run_dir = RunDir(tmp_path)
-    model.save_pretrained(run_dir.model)
-    tokenizer.save_pretrained(run_dir.model)
-    cfg = compose_config(["train.show_examples=4"])
-    record = examples.show_examples(cfg, run_dir)
-    assert record is not None and record.count == 4
-    assert [(r.prompt, r.expected) for r in record.examples] == [
-        (row["instruction"], row["output"]) for row in EVAL_ROWS[:4]]
-    assert [r.before for r in record.examples] == [r.after for r in record.examples]
-    assert record.exact_before == record.exact_after == 0.0  # an untrained model
-    assert run_dir.read_examples() == record
-    printed = capsys.readouterr().out
-    assert "4 held-out prompts" in printed and str(run_dir.examples) in printed
-    assert "exact match: 0.0% before training, 0.0% after (4 prompts)" in printed
 
 
 def test_the_table_marks_each_answer_and_states_both_rates(tmp_path: Path) -> None:
