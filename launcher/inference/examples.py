@@ -147,7 +147,9 @@ def rate(hits: Iterable[bool]) -> float:
 def table(record: ExamplesRecord, where: Path) -> str:
     """The printed summary: a few prompts, their answers before and after, the rates."""
     def cell(text: str) -> str:
-        shown = text.strip().replace("\n", "\\n") or "(empty)"
+        # an untrained model emits stray bytes (U+FFFD once decoded) and control characters
+        shown = "".join(c if c.isprintable() and c != "\ufffd" else "?"
+                        for c in text.strip().replace("\n", "\\n")) or "(empty)"
         return shown if len(shown) <= WIDTH else shown[:WIDTH - 3] + "..."
 
     header = ("prompt", "expected", "before", "after", "")

@@ -86,7 +86,7 @@ def test_a_batch_answers_what_ftl_chat_answers_each_prompt(model: Any, tokenizer
 
 
 def test_the_table_marks_each_answer_and_states_both_rates(tmp_path: Path) -> None:
-    rows = [Example("12+30", "42", "8N", "42"), Example("22+13", "35", "", " 35\n"),
+    rows = [Example("12+30", "42", "8N\ufffd\x07", "42"), Example("22+13", "35", "", " 35\n"),
             Example("90+94", "184", "x" * 40, "174")]
     record = ExamplesRecord(
         count=3, exact_before=examples.rate(examples.exact(r.before, r.expected) for r in rows),
@@ -95,7 +95,7 @@ def test_the_table_marks_each_answer_and_states_both_rates(tmp_path: Path) -> No
     assert (record.exact_before, record.exact_after) == (0.0, pytest.approx(2 / 3))
     lines = examples.table(record, tmp_path / "examples.json").splitlines()
     assert lines[1].split() == ["prompt", "expected", "before", "after"]
-    assert lines[2].split() == ["12+30", "42", "8N", "42", "ok"]
+    assert lines[2].split() == ["12+30", "42", "8N??", "42", "ok"]
     assert lines[3].split() == ["22+13", "35", "(empty)", "35", "ok"]
     assert lines[4].split() == ["90+94", "184", "x" * 15 + "...", "174", "wrong"]
     assert lines[-1] == "  exact match: 0.0% before training, 66.7% after (3 prompts)"
