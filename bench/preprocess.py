@@ -56,7 +56,7 @@ def preprocess_entry(work: Path, runs: int = 3) -> dict[str, Any]:
     data = chat_file(work / "chats.jsonl", ROWS)
     base = ["preprocess", "--json", "dataset=chat", f"dataset.path={data}", "dataset.eval_path=",
             "dataset.eval_fraction=0", "train.eval_on_start=false", "train.eval_steps=0",
-            "dataset.format=chat",
+            "train.show_examples=0", "dataset.format=chat",
             "dataset.max_length=256"]
     cold, cached, result = [], [], {}
     for run in range(runs):

@@ -12,7 +12,7 @@ The data: two-digit addition, one consistent format, the sum as the whole answer
 Every pair of 10..99 once (8100), shuffled; the first EVAL_ROWS are the held-out prompts,
 the rest the training set. A row has no `input`, so its user turn is the instruction alone
 and `ftl chat MODEL --prompt "12+30"` renders exactly the prompt the model trained on. The
-task is chosen so that the embedded default (tiny Llama, 2 CPU processes, about 40 s of
+task is chosen so that the embedded default (tiny Llama, 2 CPU processes, about a minute of
 training) visibly learns it: >= 90 % of the held-out sums exactly right, from 0 % before
 (`ftl train` prints both, launcher/inference/examples.py); one token per digit keeps the
 columns aligned.
