@@ -8,8 +8,9 @@ are answered greedily by the run's initial model (rebuilt from the config with
 rate over all N before and after, and writes everything to RUN_DIR/examples.json
 (`ExamplesRecord`).
 
-A prompt is a row's conversation up to its first assistant turn; the reference is that
-turn's text. Prompts are rendered by `chat.prompt_ids`, the function `ftl chat` uses, with
+A prompt is a row's conversation up to its first assistant turn (rows where no user turn
+precedes it are left out); the reference is that turn's text; the table shows the prompt's
+last user turn. Prompts are rendered by `chat.prompt_ids`, the function `ftl chat` uses, with
 the tokenizer the run saved (it carries the template the data was trained in), so the
 model is asked exactly what it was trained on and what `ftl chat` would ask it. An answer
 matches when its text equals the reference's (surrounding whitespace aside). Prompts of
@@ -67,7 +68,8 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
     for row in evaluation.select(range(min(count, len(evaluation)))):
         messages = messages_of(row, cfg.dataset.format, columns)
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompts.append((messages[:first], messages[first]["content"]))
+        if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
+            prompts.append((messages[:first], messages[first]["content"]))
     return prompts
 
 
@@ -111,6 +113,10 @@ def initial_model(cfg: RunConfig, tokenizer: Any) -> Any:
     return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer)).eval()
 
 
+def last_user_turn(messages: list[dict[str, str]]) -> str:
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
 def exact(answer: str, reference: str) -> bool:
     return answer.strip() == reference.strip()
 
@@ -129,7 +135,7 @@ def compare(cfg: RunConfig, run_dir: RunDir) -> ExamplesRecord:
     budget = longest + 1
     after = answers(final, tokenizer, conversations, budget)
     before = answers(initial_model(cfg, tokenizer), tokenizer, conversations, budget)
-    rows = [Example(prompt=messages[-1]["content"], expected=ref, before=b, after=a)
+    rows = [Example(prompt=last_user_turn(messages), expected=ref, before=b, after=a)
             for (messages, ref), b, a in zip(prompts, before, after, strict=True)]
     return ExamplesRecord(
         count=len(rows),

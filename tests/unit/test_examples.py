@@ -63,6 +63,21 @@ def test_the_prompts_are_the_eval_sets_first_rows() -> None:
         row["instruction"] for row in held.select(range(5))]
 
 
+def test_a_conversations_prompt_ends_before_its_first_reply(tmp_path: Path) -> None:
+    system, user = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1"}
+    convs = [
+        [system, user, {"role": "assistant", "content": "2"}, user,
+         {"role": "assistant", "content": "again 2"}],
+        [{"role": "assistant", "content": "Hello!"}, user,  # an opening reply asks nothing
+         {"role": "assistant", "content": "2"}],
+    ]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    cfg = compose_config(["dataset=chat", f"dataset.path={path}", f"dataset.eval_path={path}"])
+    assert examples.held_out_prompts(cfg, 2) == [([system, user], "2")]
+    assert examples.last_user_turn([system, user]) == "1+1"
+
+
 def test_a_prompt_is_the_text_training_put_before_the_answer(tokenizer: Any) -> None:
     """What the model is asked (by `ftl chat` as by the examples) is token for token what
     preceded the trained answer in its training example."""
