@@ -157,7 +157,8 @@ COMMON = [*MODEL, f"dataset.path={data}", "dataset.format=text", "dataset.eval_p
           f"cluster.gpus_per_node={os.environ.get('GPUS') or 1}", f"train.max_steps={steps}",
           f"train.micro_batch_size={micro}", "train.grad_accum=1", "train.lr=1e-4",
           "train.warmup_ratio=0.1", "train.logging_steps=5", "train.eval_steps=0",
-          "train.save_steps=100000", "train.eval_on_start=false", "train.optimizer=torch"]
+          "train.save_steps=100000", "train.eval_on_start=false", "train.optimizer=torch",
+          "train.show_examples=0"]
 WARM = 5
 entries, table, peak = [], [], None
 for index, strategy in enumerate(strategies):

@@ -45,9 +45,9 @@ OVERRIDES = [*MODEL, "train.micro_batch_size=2", "dataset.max_length=64",
              f"train.max_steps={STEPS}", "train.eval_steps=0",
              "train.eval_on_start=false", f"train.save_steps={STEPS}", "train.logging_steps=1",
              "dataset.format=text", "dataset.eval_path=", "dataset.eval_fraction=0.02",
-             "cluster.gpus_per_node=2"]
+             "cluster.gpus_per_node=2", "train.show_examples=0"]
 """Every row of the synthetic data is longer than max_length, so every micro batch is
-exactly micro_batch_size x max_length tokens (the bundled arith rows average 36 tokens)."""
+exactly micro_batch_size x max_length tokens (the bundled arith rows average 31 tokens)."""
 GIB = 2**30
 
 

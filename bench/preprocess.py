@@ -56,7 +56,7 @@ def preprocess_entry(work: Path, runs: int = 3) -> dict[str, Any]:
     data = chat_file(work / "chats.jsonl", ROWS)
     base = ["preprocess", "--json", "dataset=chat", f"dataset.path={data}", "dataset.eval_path=",
             "dataset.eval_fraction=0", "train.eval_on_start=false", "train.eval_steps=0",
-            "dataset.format=chat",
+            "train.show_examples=0", "dataset.format=chat",
             "dataset.max_length=256"]
     cold, cached, result = [], [], {}
     for run in range(runs):
@@ -81,7 +81,7 @@ def preprocess_entry(work: Path, runs: int = 3) -> dict[str, Any]:
 def trained_tokens_per_s(work: Path, data: Path, packing: bool, tag: str) -> float:
     out = work / f"train-{tag}"
     ftl("train", "dataset=chat", f"dataset.path={data}", "dataset.eval_path=",
-        "dataset.eval_fraction=0",
+        "dataset.eval_fraction=0", "train.show_examples=0",
         "train.eval_on_start=false", "train.eval_steps=0", "dataset.format=chat",
         "dataset.max_length=256", f"dataset.packing={str(packing).lower()}",
         "train.max_steps=30", "train.micro_batch_size=8", "train.logging_steps=10",

@@ -39,7 +39,8 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload"
 STEPS = 60
 WARM = 10
 OVERRIDES = [f"train.max_steps={STEPS}", "train.logging_steps=10", "train.eval_steps=0",
-             "train.save_steps=1000", "train.eval_on_start=false", "cluster.gpus_per_node=2"]
+             "train.save_steps=1000", "train.eval_on_start=false", "cluster.gpus_per_node=2",
+             "train.show_examples=0"]
 MIB = 2**20
 
 

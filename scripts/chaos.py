@@ -43,6 +43,7 @@ DEFAULTS = [
     "train.micro_batch_size=4", "train.grad_accum=1", "train.lr=1e-3",
     "train.lr_scheduler=linear", "train.warmup_ratio=0.05", "train.logging_steps=1",
     "train.eval_steps=0", "train.eval_on_start=false", "cluster.gpus_per_node=2",
+    "train.show_examples=0",  # each finished launch would answer the held-out prompts
 ]
 KILL_WINDOW_S = (0.0, 1.0)
 """A random kill lands this long after the launch logged its first step."""

@@ -3,21 +3,25 @@
     make data        # = .venv/bin/python scripts/make_data.py
 
 Deterministic: the same seed gives byte-identical files (tests/unit/test_data.py checks
-the committed ones). Five short tasks a tiny Llama (hidden 64, 2 layers, vocab 512) can
-visibly learn in minutes on a CPU; every example stays well under the 64-token context:
+the committed ones).
 
-    add        "Add the two numbers."       "23 45"  -> "68"
-    successor  "Give the next number."      "407"    -> "408"
-    sort       "Sort the digits."           "5381"   -> "1358"
-    uppercase  "Write the word in capitals." "kodami" -> "KODAMI"
-    reverse    "Reverse the word."          "kodami" -> "imadok"
+The data: two-digit addition, one consistent format, the sum as the whole answer:
 
-Words are pronounceable pseudo-words (consonant-vowel syllables) so there are enough
-distinct ones for a train and an eval split that share no (instruction, input) pair.
+    {"instruction": "12+30", "output": "42"}
 
-The tokenizer is a byte-level BPE (digits split one per token, as Llama does) trained on the
-examples in the Alpaca layout the first release trained with (`alpaca_text`; kept so the
-committed tokenizer stays byte-identical); vocabulary: <unk> <s> </s> <pad>, the 256
+Every pair of 10..99 once (8100), shuffled; the first EVAL_ROWS are the held-out prompts,
+the rest the training set. A row has no `input`, so its user turn is the instruction alone
+and `ftl chat MODEL --prompt "12+30"` renders exactly the prompt the model trained on. The
+task is chosen so that the embedded default (tiny Llama, 2 CPU processes, about a minute of
+training) visibly learns it: >= 90 % of the held-out sums exactly right, from 0 % before
+(`ftl train` prints both, launcher/inference/examples.py); one token per digit keeps the
+columns aligned.
+
+The tokenizer is a byte-level BPE (digits split one per token, as Llama does) trained on
+TOKENIZER_TASKS, short word and number tasks rendered in the Alpaca layout the first
+release trained with (`alpaca_text`). They were the bundled data before the addition task;
+they stay the tokenizer's corpus so that the committed tokenizer stays byte-identical and
+its merges cover words as well as digits. Vocabulary: <unk> <s> </s> <pad>, the 256
 bytes, then merges up to 512 in all.
 """
 
@@ -31,7 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 1234
-TRAIN_PER_TASK = 600
+OPERANDS = range(10, 100)
+EVAL_ROWS = 200
+TRAIN_PER_TASK = 600  # the tokenizer corpus: rows per task of TOKENIZER_TASKS
 EVAL_PER_TASK = 40
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -70,17 +76,25 @@ def make_reverse(rng: random.Random) -> Record:
     return {"instruction": "Reverse the word.", "input": word, "output": word[::-1]}
 
 
-TASKS: list[Callable[[random.Random], Record]] = [
+TOKENIZER_TASKS: list[Callable[[random.Random], Record]] = [
     make_add, make_successor, make_sort, make_uppercase, make_reverse,
 ]
 
 
-def make_splits(seed: int) -> tuple[list[Record], list[Record]]:
-    """Per task: distinct inputs, the first EVAL_PER_TASK for eval, the rest for train."""
+def make_addition(seed: int) -> tuple[list[Record], list[Record]]:
+    """(train, eval): every "a+b" of two-digit numbers once, shuffled; eval comes first."""
+    pairs = [(a, b) for a in OPERANDS for b in OPERANDS]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"instruction": f"{a}+{b}", "output": str(a + b)} for a, b in pairs]
+    return rows[EVAL_ROWS:], rows[:EVAL_ROWS]
+
+
+def tokenizer_corpus(seed: int) -> list[Record]:
+    """Per task of TOKENIZER_TASKS: distinct inputs drawn in the order the first release's
+    data generator drew them (so its rows, and the tokenizer fit on them, are unchanged)."""
     rng = random.Random(seed)
     train: list[Record] = []
-    evaluation: list[Record] = []
-    for task in TASKS:
+    for task in TOKENIZER_TASKS:
         seen: set[str] = set()
         rows: list[Record] = []
         while len(rows) < TRAIN_PER_TASK + EVAL_PER_TASK:
@@ -88,11 +102,9 @@ def make_splits(seed: int) -> tuple[list[Record], list[Record]]:
             if row["input"] not in seen:
                 seen.add(row["input"])
                 rows.append(row)
-        evaluation += rows[:EVAL_PER_TASK]
-        train += rows[EVAL_PER_TASK:]
+        train += rows[EVAL_PER_TASK:]  # the first ones were that release's eval rows
     rng.shuffle(train)
-    rng.shuffle(evaluation)
-    return train, evaluation
+    return train
 
 
 def write_jsonl(path: Path, rows: list[Record]) -> None:
@@ -153,10 +165,10 @@ def main() -> None:
     parser.add_argument("--tokenizer-dir", type=Path, default=ROOT / "assets" / "tokenizer")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args()
-    train, evaluation = make_splits(args.seed)
+    train, evaluation = make_addition(args.seed)
     write_jsonl(args.data_dir / "train.jsonl", train)
     write_jsonl(args.data_dir / "eval.jsonl", evaluation)
-    train_tokenizer(train, args.tokenizer_dir)
+    train_tokenizer(tokenizer_corpus(args.seed), args.tokenizer_dir)
     print(f"wrote {len(train)} train + {len(evaluation)} eval examples to {args.data_dir}, "
           f"tokenizer to {args.tokenizer_dir}")
 

@@ -278,12 +278,18 @@ def _eval(cfg: RunConfig) -> list[str]:
     no_eval_set = not data.eval_path and data.eval_fraction == 0
     asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
     asked += ["train.eval_on_start=true"] if train.eval_on_start else []
+    # the prompts launcher/inference/examples.py answers are the eval set's
+    asked += [f"train.show_examples={train.show_examples}"] if train.show_examples > 0 else []
     if no_eval_set and asked:
         problems.append(
             f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
             "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
-            "or train.eval_steps=0 train.eval_on_start=false to train without evaluation."
+            "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
+            "without evaluation."
         )
+    if train.show_examples < 0:
+        problems.append(f"train.show_examples={train.show_examples}: a number of held-out "
+                        "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none.")
     return problems
 
 

@@ -284,6 +284,12 @@ class TrainConfig:
     """Model FLOPs utilisation assumed by the time estimate."""
     eval_on_start: bool = False
     """Evaluate before the first step (never on a launch that resumes)."""
+    show_examples: int = 0
+    """`ftl train` only: once the ranks finish, answer the first N prompts of the eval set
+    greedily with the initial and the final model, print a few with the exact-match rate
+    over all N before and after training, and write them to RUN_DIR/examples.json. Runs
+    on the launcher's CPU: for small models (the tiny-llama preset sets 200). Needs an eval
+    set; formats without a prompt and answer (text, prompt_completion) skip it. 0: off."""
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
     (e.g. the probes the integration tests inject)."""

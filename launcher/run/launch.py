@@ -103,6 +103,10 @@ def run_local(prepared: Prepared) -> int:
         return ABORTED_EXIT
     if done.returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
+        if prepared.plan.cfg.train.show_examples > 0:
+            from launcher.inference.examples import show_examples  # torch: only now
+
+            show_examples(prepared.plan.cfg, run_dir)
         return 0
     if done.returncode == 0:
         print(

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from launcher.rundir.records import (
     CompleteMarker,
     DoctorReport,
+    ExamplesRecord,
     HangRecord,
     LaunchRecord,
     MetricsEvent,
@@ -51,6 +52,7 @@ CANCEL_REQUESTED = "cancel.requested"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
+EXAMPLES = "examples.json"
 LOGS = "logs"
 PROBES = "probes"
 HUNG_EXIT = 76
@@ -100,6 +102,7 @@ class RunDir:
     metrics = _file(METRICS)
     rank_metrics = _file("metrics")
     result = _file(RESULT)
+    examples = _file(EXAMPLES)
     tensorboard = _file("tensorboard")
     trackers = _file(TRACKERS)
     logs = _file(LOGS)
@@ -182,6 +185,12 @@ class RunDir:
 
     def read_result(self) -> RunResult | None:
         return _read_optional(self.result, RunResult)
+
+    def write_examples(self, record: ExamplesRecord) -> None:
+        self.examples.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+
+    def read_examples(self) -> ExamplesRecord | None:
+        return _read_optional(self.examples, ExamplesRecord)
 
     def write_preempted(self, record: Preempted) -> None:
         self.preempted.write_text(json.dumps(record.to_dict()) + "\n")

@@ -102,6 +102,33 @@ class CompleteMarker(Record):
 
 
 @dataclass(frozen=True)
+class Example(Record):
+    """One held-out prompt of examples.json: the user's text, the reference answer and the
+    greedy answers of the initial and the final model."""
+
+    prompt: str
+    expected: str
+    before: str
+    after: str
+
+
+@dataclass(frozen=True)
+class ExamplesRecord(Record):
+    """examples.json (`ftl train` after the ranks, train.show_examples > 0): the exact-match
+    rates over `count` held-out prompts before and after training, and every answer."""
+
+    count: int
+    exact_before: float
+    exact_after: float
+    examples: list[Example] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        examples = [Example.from_dict(row) for row in data.get("examples", [])]
+        return super().from_dict({**data, "examples": examples})
+
+
+@dataclass(frozen=True)
 class Preempted(Record):
     """preempted (rank 0, once the stop's checkpoint is complete)."""
 

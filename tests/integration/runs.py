@@ -42,6 +42,7 @@ FAST_TRAIN = [
     "train.eval_on_start=true",
     "train.epochs=1",
     "cluster.gpus_per_node=2",
+    "train.show_examples=0",  # `ftl train` runs answer no held-out prompts unless a test asks
 ]
 RUN_TIMEOUT_S = 600
 RUN_TIMES: dict[str, float] = {}

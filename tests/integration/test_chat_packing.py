@@ -56,7 +56,7 @@ def chat_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for index in range(400):
             turns = [{"role": "system", "content": "Answer briefly."}] if index % 3 == 0 else []
             for row in rng.sample(rows, rng.randint(1, 3)):
-                turns += [{"role": "user", "content": f"{row['instruction']}\n{row['input']}"},
+                turns += [{"role": "user", "content": row["instruction"]},
                           {"role": "assistant", "content": row["output"]}]
             if index % 4 == 0:
                 turns = [{"from": {"user": "human", "assistant": "gpt"}.get(t["role"], t["role"]),

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from launcher.config.compose import PROJECT_ROOT
 from launcher.rundir import RunDir
+from launcher.rundir.records import ExamplesRecord
 from tests.integration.runs import FAST_TRAIN
 
 pytestmark = pytest.mark.slow
@@ -38,10 +39,11 @@ def only_run_dir(output_dir: Path) -> Path:
 
 def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None:
     done = ftl("train", "strategy=zero2", *FAST_TRAIN, "train.logging_steps=2",
-               f"run.output_dir={tmp_path}")
+               "train.show_examples=4", f"run.output_dir={tmp_path}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert f"Model: {run_dir / 'model'}" in done.stdout
+    assert_examples_shown(done.stdout, RunDir(run_dir), 4)
     # A real run collects no test evidence: no probes, a short result of what a user needs.
     assert not (run_dir / "probes").exists()
     result = json.loads((run_dir / "result.json").read_text())
@@ -87,6 +89,43 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     assert "estimated train time for those" in report.stdout
     image = matplotlib.image.imread(run_dir / "report.png")
     assert image.shape[0] > 100 and image.std() > 0.01
+
+
+def assert_examples_shown(stdout: str, run_dir: RunDir, count: int) -> ExamplesRecord:
+    """After the model is saved, `ftl train` answered `count` held-out prompts with the
+    initial and the final model (launcher/inference/examples.py), wrote examples.json and
+    printed its table and the exact-match rates; each rate is the share of its answers
+    equal to the reference."""
+    record = run_dir.read_examples()
+    assert record is not None and record.count == len(record.examples) == count
+    eval_rows = [json.loads(line) for line in
+                 (PROJECT_ROOT / "data/arith/eval.jsonl").read_text().splitlines()]
+    assert [(r.prompt, r.expected) for r in record.examples] == [
+        (row["instruction"], row["output"]) for row in eval_rows[:count]]
+    for rate, answers in ((record.exact_before, [r.before for r in record.examples]),
+                          (record.exact_after, [r.after for r in record.examples])):
+        hits = [a.strip() == r.expected for a, r in zip(answers, record.examples, strict=True)]
+        assert rate == sum(hits) / count
+    table = stdout[stdout.index(f"Model: {run_dir.model}"):]
+    assert f"{count} held-out prompts" in table and str(run_dir.examples) in table
+    assert (f"exact match: {record.exact_before:.1%} before training, "
+            f"{record.exact_after:.1%} after ({count} prompts)") in table
+    assert record.examples[0].prompt in table
+    return record
+
+
+@pytest.mark.full
+def test_the_embedded_default_learns_its_held_out_sums(tmp_path: Path) -> None:
+    """`make train` as a newcomer runs it (no overrides; about a minute of training on 2
+    cores, hence `full`): >= 90 % of the 200 held-out sums exactly right, from none before,
+    and `ftl chat` answers a held-out prompt."""
+    done = ftl("train", f"run.output_dir={tmp_path}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = RunDir(only_run_dir(tmp_path))
+    record = assert_examples_shown(done.stdout, run_dir, 200)
+    assert record.exact_before == 0.0 and record.exact_after >= 0.9, record.exact_after
+    chat = ftl("chat", str(run_dir.model), "--prompt", "12+30")  # held out: data/arith/eval
+    assert chat.returncode == 0 and chat.stdout.strip() == "42", chat.stdout + chat.stderr
 
 
 def test_a_failing_rank_is_named_with_its_log(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.config.compose import compose_config
+
 HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "datasets", "peft")
 
 
@@ -104,8 +106,8 @@ def test_estimate_counts_the_bundled_tokens_on_request(tmp_path: Path) -> None:
     done = ftl("estimate", "--json", "--count-tokens", f"run.output_dir={tmp_path}")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    # 3 epochs x tokens per epoch of data/arith in the built-in chat template
-    assert report["tokens"] == 3 * 109_344
+    # the preset's epochs x tokens per epoch of data/arith in the built-in chat template
+    assert report["tokens"] == compose_config([]).train.epochs * 241_736
     assert report["flops"] == 6 * report["params"] * report["tokens"]
     without = json.loads(ftl("estimate", "--json").stdout)
     assert without["tokens"] is None and without["flops"] is None

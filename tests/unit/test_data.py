@@ -184,13 +184,12 @@ def held_out(seed: int, fraction: float = 0.1) -> tuple[list, list]:
     cfg = compose_config(["dataset.eval_path=", f"dataset.eval_fraction={fraction}",
                           f"train.seed={seed}"])
     train, evaluation, _ = data.split_records(cfg)
-    key = ("instruction", "input")
-    return [tuple(r[k] for k in key) for r in train], [tuple(r[k] for k in key) for r in evaluation]
+    return [r["instruction"] for r in train], [r["instruction"] for r in evaluation]
 
 
 def test_held_out_split_is_disjoint_deterministic_and_seeded():
     train, evaluation = held_out(seed=7)
-    assert len(evaluation) == 300 and len(train) == 2700
+    assert len(evaluation) == 790 and len(train) == 7110
     assert not set(train) & set(evaluation)
     assert held_out(seed=7) == (train, evaluation)
     assert held_out(seed=8)[1] != evaluation
@@ -203,7 +202,7 @@ def test_zero_eval_fraction_gives_no_eval():
 
 def test_encode_splits_on_the_default(tok):
     train, evaluation = data.encode_splits(compose_config([]), tok, progress=False)
-    assert (len(train), len(evaluation)) == (3000, 200)
+    assert (len(train), len(evaluation)) == (7900, 200)
     assert set(train.column_names) == {"input_ids", "labels"}
     first = train[0]
     assert tok.decode(first["input_ids"]).startswith("<s>### Human:\n")
@@ -227,17 +226,34 @@ def test_bundled_tokenizer_fits_tiny_llama(tok):
 def test_every_bundled_example_fits_the_context(tok, split):
     examples = encoded(tok, BUNDLED / f"{split}.jsonl", ["dataset.max_length=256"])
     lengths = [len(ids) for ids in examples["input_ids"]]
-    assert len(lengths) == {"train": 3000, "eval": 200}[split]
-    assert max(lengths) <= 48 <= compose_config([]).dataset.max_length
+    assert len(lengths) == {"train": 7900, "eval": 200}[split]
+    assert max(lengths) <= 32 <= compose_config([]).dataset.max_length
+
+
+def bundled_rows(split: str) -> list[dict[str, str]]:
+    return [json.loads(line) for line in (BUNDLED / f"{split}.jsonl").read_text().splitlines()]
 
 
 def test_bundled_eval_is_disjoint_from_train():
-    def keys(split: str) -> set:
-        lines = (BUNDLED / f"{split}.jsonl").read_text().splitlines()
-        return {(row["instruction"], row["input"]) for row in map(json.loads, lines)}
+    def prompts(split: str) -> set:
+        return {row["instruction"] for row in bundled_rows(split)}
 
-    assert len(keys("train")) == 3000 and len(keys("eval")) == 200
-    assert not keys("train") & keys("eval")
+    assert len(prompts("train")) == 7900 and len(prompts("eval")) == 200
+    assert not prompts("train") & prompts("eval")
+
+
+def test_bundled_rows_are_two_digit_sums_in_one_format():
+    """The user turn is the sum alone (no `input`), so `ftl chat --prompt "12+30"` asks
+    what training asked; every pair of 10..99 appears once across the two files."""
+    rows = bundled_rows("train") + bundled_rows("eval")
+    pairs = set()
+    for row in rows:
+        assert set(row) == {"instruction", "output"}, row
+        a, b = row["instruction"].split("+")
+        assert len(a) == len(b) == 2 and row["output"] == str(int(a) + int(b)), row
+        pairs.add((int(a), int(b)))
+    assert pairs == {(a, b) for a in range(10, 100) for b in range(10, 100)}
+    assert {"instruction": "12+30", "output": "42"} in bundled_rows("eval")  # the README's
 
 
 def test_generator_reproduces_the_committed_files(tmp_path):

@@ -61,7 +61,7 @@ def test_json_lists_every_key_with_its_doc_defaults_and_choices(
 def test_one_key_shows_type_defaults_and_doc(capsys: pytest.CaptureFixture[str]) -> None:
     out = ftl_keys(capsys, "train.lr")
     # The schema's default, and the tiny-llama preset's own learning rate beside it.
-    assert "train.lr  (float)  default: 2e-05; default config: 0.002" in out
+    assert "train.lr  (float)  default: 2e-05; default config: 0.004" in out
     assert field_docs()["TrainConfig"]["lr"] in out
     assert "one of: cosine, linear" in out  # train.lr_scheduler starts with train.lr too
 

@@ -224,9 +224,18 @@ def test_eight_bit_base_is_refused_not_silently_loaded_in_4_bit() -> None:
 def test_evaluation_without_an_eval_set_is_refused() -> None:
     no_eval = ["dataset.eval_path=", "dataset.eval_fraction=0"]
     message = only_problem([*no_eval, "train.eval_on_start=true"])
-    assert "train.eval_steps=50 and train.eval_on_start=true: there is no eval set" in message
-    validate(compose_config([*no_eval, "train.eval_steps=0", "train.eval_on_start=false"]),
-             "plan")
+    assert ("train.eval_steps=50 and train.eval_on_start=true and train.show_examples=200: "
+            "there is no eval set") in message
+    assert "train.show_examples=0 to train without evaluation" in message
+    assert "train.show_examples=3: there is no eval set" in only_problem(
+        [*no_eval, "train.eval_steps=0", "train.eval_on_start=false", "train.show_examples=3"])
+    validate(compose_config([*no_eval, "train.eval_steps=0", "train.eval_on_start=false",
+                             "train.show_examples=0"]), "plan")
+
+
+def test_a_negative_number_of_examples_is_refused() -> None:
+    assert "train.show_examples=-1: a number of held-out prompts, >= 0" in only_problem(
+        ["train.show_examples=-1"])
 
 
 def test_a_tokenizer_source_is_required() -> None:

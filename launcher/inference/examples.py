@@ -1,0 +1,186 @@
+"""What fine-tuning did, shown: held-out prompts answered before and after training.
+
+`ftl train` with `train.show_examples=N` (N > 0; the tiny-llama preset sets it) runs this
+in the launcher process once the ranks have finished: the first N prompts of the eval set
+are answered greedily by the run's initial model (rebuilt from the config with
+`train.seed`, as the ranks built it, or read from `model.path`) and by the final one
+(RUN_DIR/model). It prints a few of them with the reference answers and the exact-match
+rate over all N before and after, and writes everything to RUN_DIR/examples.json
+(`ExamplesRecord`).
+
+A prompt is a row's conversation up to its first assistant turn (rows where no user turn
+precedes it are left out); the reference is that turn's text; the table shows the prompt's
+last user turn. Prompts are rendered by `chat.prompt_ids`, the function `ftl chat` uses, with
+the tokenizer the run saved (it carries the template the data was trained in), so the
+model is asked exactly what it was trained on and what `ftl chat` would ask it. An answer
+matches when its text equals the reference's (surrounding whitespace aside). Prompts of
+equal length are answered in one batch, without padding, so a batch gives the answers
+single prompts would.
+
+Runs on the launcher's CPU, so it is for small models. Validation requires an eval set
+(launcher/config/rules.py); rows of the raw formats (text, prompt_completion) have no
+conversation to answer, so there it prints a notice instead. torch and transformers are
+imported only when it runs (the launcher's start-up stays light).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
+from launcher.inference.chat import load_for_inference, prompt_ids
+from launcher.rundir import RunDir
+from launcher.rundir.records import Example, ExamplesRecord
+
+if TYPE_CHECKING:
+    from launcher.config.schema import RunConfig
+
+SHOWN = 5
+"""Rows of the printed table; the rate counts every prompt."""
+WIDTH = 18
+"""Characters of a printed cell."""
+
+Prompt = tuple[list[dict[str, str]], str]
+"""(the conversation up to the answer, the reference answer)."""
+
+
+def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
+    """The first `count` rows of the eval set as (messages before the first assistant turn,
+    that turn's text)."""
+    import datasets
+
+    from launcher.data.loading import load_records, split_records
+
+    datasets.disable_progress_bars()  # the launcher's console shows the table only
+    data = cfg.dataset
+    if data.eval_path:  # the held-out file alone, not the training set as well
+        evaluation = load_records(data.eval_path, data.format, asdict(data.columns))
+    else:
+        evaluation = split_records(cfg)[1]
+    if evaluation is None:
+        return []
+    columns = column_map(cfg.dataset.format, asdict(cfg.dataset.columns),
+                         evaluation.column_names)
+    prompts = []
+    for row in evaluation.select(range(min(count, len(evaluation)))):
+        messages = messages_of(row, cfg.dataset.format, columns)
+        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
+            prompts.append((messages[:first], messages[first]["content"]))
+    return prompts
+
+
+def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
+            max_new_tokens: int) -> list[str]:
+    """Greedy answers, in order; prompts of one token length share a batch (no padding)."""
+    import torch
+
+    ids = [prompt_ids(tokenizer, messages) for messages in conversations]
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(ids):
+        by_length.setdefault(len(prompt), []).append(index)
+    out = [""] * len(ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for length, indices in by_length.items():
+        batch = torch.tensor([ids[i] for i in indices])
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=batch, attention_mask=torch.ones_like(batch),
+                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+            )
+        for index, row in zip(indices, generated, strict=True):
+            out[index] = tokenizer.decode(row[length:], skip_special_tokens=True)
+    return out
+
+
+def initial_model(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The weights the run started from, in fp32 on the CPU: `model.path`, else the
+    architecture built with `train.seed` as the ranks built it (launcher/rank/model.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launcher.rank.model import model_config
+
+    if cfg.model.path:
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path).eval()
+    # The init draws from torch's generator only: seeding it as transformers.set_seed does
+    # gives the ranks' weights without importing transformers.trainer_utils (which loads
+    # bitsandbytes and its noisy kernel probe).
+    torch.manual_seed(cfg.train.seed)
+    return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer)).eval()
+
+
+def last_user_turn(messages: list[dict[str, str]]) -> str:
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
+def exact(answer: str, reference: str) -> bool:
+    return answer.strip() == reference.strip()
+
+
+def compare(cfg: RunConfig, run_dir: RunDir) -> ExamplesRecord:
+    """Answer the held-out prompts with the initial and the final model; writes nothing."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    prompts = held_out_prompts(cfg, cfg.train.show_examples)
+    final, tokenizer = load_for_inference(run_dir.model)
+    conversations = [messages for messages, _ in prompts]
+    # One token more than the longest reference: a longer answer cannot match anyway.
+    longest = max((len(tokenizer(ref, add_special_tokens=False)["input_ids"])
+                   for _, ref in prompts), default=0)
+    budget = longest + 1
+    after = answers(final, tokenizer, conversations, budget)
+    before = answers(initial_model(cfg, tokenizer), tokenizer, conversations, budget)
+    rows = [Example(prompt=last_user_turn(messages), expected=ref, before=b, after=a)
+            for (messages, ref), b, a in zip(prompts, before, after, strict=True)]
+    return ExamplesRecord(
+        count=len(rows),
+        exact_before=rate(exact(r.before, r.expected) for r in rows),
+        exact_after=rate(exact(r.after, r.expected) for r in rows),
+        examples=rows,
+    )
+
+
+def rate(hits: Iterable[bool]) -> float:
+    marks = list(hits)
+    return sum(marks) / len(marks) if marks else 0.0
+
+
+def table(record: ExamplesRecord, where: Path) -> str:
+    """The printed summary: a few prompts, their answers before and after, the rates."""
+    def cell(text: str) -> str:
+        # an untrained model emits stray bytes (U+FFFD once decoded) and control characters
+        shown = "".join(c if c.isprintable() and c != "\ufffd" else "?"
+                        for c in text.strip().replace("\n", "\\n")) or "(empty)"
+        return shown if len(shown) <= WIDTH else shown[:WIDTH - 3] + "..."
+
+    header = ("prompt", "expected", "before", "after", "")
+    rows = [header] + [(cell(r.prompt), cell(r.expected), cell(r.before), cell(r.after),
+                        "ok" if exact(r.after, r.expected) else "wrong")
+                       for r in record.examples[:SHOWN]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"ftl train: {record.count} held-out prompts, greedy answers of the initial and "
+             f"the final model ({where}):"]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    lines.append(f"  exact match: {record.exact_before:.1%} before training, "
+                 f"{record.exact_after:.1%} after ({record.count} prompts)")
+    return "\n".join(lines)
+
+
+def show_examples(cfg: RunConfig, run_dir: RunDir) -> ExamplesRecord | None:
+    """`ftl train`'s last step: compare, write examples.json, print the table. Raw text
+    formats have no prompt and answer to compare: a notice, nothing written."""
+    if cfg.dataset.format not in CHAT_FORMATS:
+        print(f"ftl train: train.show_examples={cfg.train.show_examples} skipped: "
+              f"dataset.format={cfg.dataset.format} rows have no prompt and answer "
+              f"(formats {', '.join(CHAT_FORMATS)} do)", flush=True)
+        return None
+    record = compare(cfg, run_dir)
+    run_dir.write_examples(record)
+    print(table(record, run_dir.examples), flush=True)
+    return record
