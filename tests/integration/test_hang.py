@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import RUN_TIMES, free_port, project_env
+from runs import FAST_TRAIN, RUN_TIMES, free_port, project_env
 from test_ftl_train import only_run_dir
 
 from launcher.config.compose import PROJECT_ROOT
@@ -23,7 +23,6 @@ from launcher.rank.watchdog import PEER_GRACE_S
 from launcher.run.report import report
 from launcher.rundir import HUNG_EXIT, RunDir
 from launcher.schedulers.submit import run_dir_lines
-from tests.integration.runs import FAST_TRAIN
 
 pytestmark = pytest.mark.slow
 
