@@ -501,10 +501,18 @@ class SequenceProbe(TrainerCallback):
 class StopAfterStep(TrainerCallback):
     """Stop right after the checkpoint of `step` is complete (a preemption at a known step).
     Appended after the worker's CheckpointCallback, whose on_save writes the COMPLETE
-    marker, so this on_save runs once the marker exists."""
+    marker, so this on_save runs once the marker exists. `save=True` also asks for the
+    save at `step`: a launch that resumes a checkpoint saves every train.save_steps of the
+    run that wrote it (transformers restores save_steps with the TrainerState)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, save: bool = False) -> None:
+        self.step, self.save = step, save
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if self.save and state.global_step == self.step:
+            control.should_save = True
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -1,10 +1,14 @@
 """Resume on another world size, the global batch kept (grad_accum adjusted): each case is
-a chain of launches of one run, each stopped right after a checkpoint (steps 3 and 6) and
-continued on the next layout: 2 ranks -> 1 -> 2, or 1 -> 2 -> 1, so one chain proves both
-directions. The step count, optimizer state and LR schedule carry over, and the data
-continues where it stopped: every step's loss equals the uninterrupted 2-rank run's (the
-same samples in each optimizer step; only the summation order differs, hence rel 1e-4), so
-the loss neither jumps back to the initial loss nor repeats or skips samples.
+a chain of launches of one run, each stopped right after a checkpoint and continued on the
+next layout. ddp, ZeRO-2 and ZeRO-3: 2 ranks -> 1 -> 2, so one chain proves both
+directions; it begins with the uninterrupted 2-rank run itself, whose checkpoint-4
+continues on 1 rank through run.resume=PATH (another run's checkpoint), stops after step 6,
+and the last launch continues on 2 ranks (run.resume=auto). FSDP: 2 -> 1 with sharded
+checkpoints, 1 -> 2 with full ones, each stopped after step 3.
+The step count, optimizer state and LR schedule carry over, and the data continues where
+it stopped: every step's loss equals the uninterrupted 2-rank run's (the same samples in
+each optimizer step; only the summation order differs, hence rel 1e-4), so the loss
+neither jumps back to the initial loss nor repeats or skips samples.
 
 DDP checkpoints hold the full model and optimizer; FSDP2's are resharded by
 torch.distributed.checkpoint (sharded, strategy.gather_weights_on_save=false) or loaded
@@ -26,14 +30,19 @@ pytestmark = pytest.mark.slow
 
 MAX_STEPS = 8
 STOPS = (3, 6)
-"""Each launch but the last stops after the checkpoint of this step (train.save_steps=3)."""
+"""Each launch but the last stops after the checkpoint of this step (train.save_steps=3);
+after REFERENCE, the second stop only."""
 ONE = ["cluster.gpus_per_node=1", "train.grad_accum=2"]  # global batch 8, as 2 x 4 x 1
 TWO = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
+PROBES = "tests.integration.probes"
+REFERENCE = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
+"""The layout of the reference run (FAST_TRAIN, 2 ranks), as a chain's first link: its own
+checkpoint-4 (FAST_TRAIN's train.save_steps=4) instead of a launch stopped at step 3."""
 
 CASES = [
-    ("ddp", "torchrun", (), (TWO, ONE, TWO)),
-    ("zero2", "deepspeed", (), (TWO, ONE, TWO)),
-    ("zero3", "torchrun", (), (ONE, TWO, ONE)),
+    ("ddp", "torchrun", (), (REFERENCE, ONE, TWO)),
+    ("zero2", "deepspeed", (), (REFERENCE, ONE, TWO)),
+    ("zero3", "torchrun", (), (REFERENCE, ONE, TWO)),
     ("fsdp", "torchrun", NO_GATHER, (TWO, ONE)),
     ("fsdp", "torchrun", (), (ONE, TWO)),
 ]
@@ -47,6 +56,19 @@ def case_id(strategy: str, launcher: str, extra: tuple[str, ...],
 
 def world(layout: list[str]) -> int:
     return 1 if layout is ONE else 2
+
+
+def link_overrides(chain: tuple[list[str], ...], index: int, end: int,
+                   checkpoint: Path | None) -> list[str]:
+    """A launch's own overrides: stop after the checkpoint of step `end`, unless it is the
+    last. The launch after REFERENCE resumes the reference's checkpoint by its path and
+    asks for the save it stops after: it saves every 4 steps, as the reference did."""
+    if index == len(chain) - 1:
+        return []
+    if index == 1 and chain[0] is REFERENCE:
+        return [f"run.resume={checkpoint}",
+                f"train.callbacks=[{{_target_:{PROBES}.StopAfterStep,step:{end},save:true}}]"]
+    return [callbacks(stop=end)]
 
 
 @pytest.mark.parametrize(("strategy", "launcher", "extra", "chain"), CASES,
@@ -64,12 +86,17 @@ def test_resume_on_another_world_size_continues_the_same_losses(
     name = f"worldsize-{case_id(strategy, launcher, extra, chain)}"
     mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
             "train.save_steps=3", *extra]
-    starts = (0, *STOPS[: len(chain) - 1])
+    stops = (4, STOPS[1]) if chain[0] is REFERENCE else STOPS
+    starts = (0, *stops[: len(chain) - 1])
     checkpoint, seconds = None, 0.0
     for index, layout in enumerate(chain):
         last = index == len(chain) - 1
-        stop = [] if last else [callbacks(stop=STOPS[index])]
-        prepared = plan_run(runs_root, name, [*mine, *layout, *stop])
+        end = MAX_STEPS if last else stops[index]
+        if layout is REFERENCE:
+            checkpoint = reference.run_dir / "checkpoints" / f"checkpoint-{end}"
+            continue
+        prepared = plan_run(runs_root, name,
+                            [*mine, *layout, *link_overrides(chain, index, end, checkpoint)])
         assert prepared.plan.resume_from == checkpoint
         run = launch(prepared)
         seconds += run.seconds
@@ -78,16 +105,16 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         assert record["world_size"] == world(layout)
         assert record["start_step"] == starts[index]
         assert record["resumed_from"] == (str(checkpoint) if checkpoint else None)
-        end = MAX_STEPS if last else STOPS[index]
         losses = run.train_losses()
         assert sorted(losses) == list(range(starts[index] + 1, end + 1)), sorted(losses)
         # The first resumed step runs on the restored weights, later ones on the restored
-        # optimizer state too (ZeRO-3 needs launcher/engines/deepspeed/universal.py for
-        # that: without it, rel 2.3e-3 by step 8). A restart would show step 1's loss,
-        # 6.2 vs ~4.9.
+        # optimizer state too (ZeRO-3 needs launcher/engines/deepspeed/universal.py's
+        # untied optimizer steps for that: without them, rel 1.2e-3 at step 7, measured on
+        # this chain). A restart would show step 1's loss, 6.2 vs ~4.9.
         for step, loss in losses.items():
             assert loss == pytest.approx(expected[step], rel=1e-4), (index, step, losses,
                                                                      expected)
         checkpoint = run.run_dir / "checkpoints" / f"checkpoint-{end}"
-    RUN_TIMES[f"{name} ({len(chain)} launches)"] = seconds
+    launches = len(chain) - (chain[0] is REFERENCE)
+    RUN_TIMES[f"{name} ({launches} launches)"] = seconds
     assert run.result["global_step"] == MAX_STEPS
