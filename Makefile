@@ -1,7 +1,10 @@
 # The front door. Targets set up .venv themselves; variables map onto Hydra overrides:
 #   make train MODEL=llama-7b STRATEGY=zero3 PRECISION=bf16 NODES=2 GPUS=8 ARGS="train.lr=1e-5"
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
+# The exact tested set (the highest versions pyproject.toml's ranges allow that were tested);
+# `make test-lowest` builds .venv-lowest from constraints-lowest.txt instead.
+CONSTRAINTS ?= constraints.txt
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -11,16 +14,18 @@ OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
 	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) $(ARGS)
 
 
-.PHONY: venv ops train submit plan estimate ds-configs data test test-full test-fast lint bench clean
+.PHONY: venv ops train submit plan estimate ds-configs data test test-full test-fast test-lowest \
+	lint bench clean
 
 venv: $(STAMP)
 
 # torch first, pinned: the CPU build on local disk; a bare `torch` requirement would pull CUDA.
-$(STAMP): pyproject.toml
+# Then the project within the constraints file's exact versions (pyproject.toml holds ranges).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev,qlora]'
 	touch $(STAMP)
 
 # DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/rank/extensions.py):
@@ -57,10 +62,25 @@ test: venv ops
 	$(BIN)/python -m pytest -q --timeout=1800 --durations=30
 
 # Everything `make test` runs plus the long versions (tests marked `full`): chaos x20, the
-# whole memory and world-size matrices, every launcher x strategy pair. Not in CI.
+# whole memory and world-size matrices, every launcher x strategy pair; then `make
+# test-lowest`. Not in CI.
 test-full: venv ops
 	$(BIN)/ruff check launcher tests scripts bench
 	$(BIN)/python -m pytest -q --timeout=3600 --durations=30 -m 'full or not full'
+	$(MAKE) test-lowest
+
+# The lower bounds of pyproject.toml's ranges, proven: a second environment (.venv-lowest,
+# constraints-lowest.txt: the lowest supported transformers, accelerate, deepspeed, datasets,
+# peft and trl; torch 2.13.0, the CPU build this machine has) runs the estimate and
+# validation tests, TRL packing and one ddp, ZeRO-3, FSDP and LoRA training run. Not in CI.
+LOWEST_SLICE := tests/unit/test_estimate.py tests/unit/test_validate.py tests/unit/test_packing.py \
+	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[ddp-torchrun-fp32]' \
+	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[zero3-torchrun-fp32]' \
+	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[fsdp-torchrun-fp32]' \
+	'tests/integration/test_train_peft.py::test_lora_trains_adapters_and_saves_a_merged_model[ddp]'
+test-lowest:
+	$(MAKE) VENV=.venv-lowest CONSTRAINTS=constraints-lowest.txt ops
+	.venv-lowest/bin/python -m pytest -q --timeout=1800 --durations=10 $(LOWEST_SLICE)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m 'not slow and not full'
@@ -77,4 +97,4 @@ lint: venv
 	$(BIN)/ruff check launcher tests scripts bench
 
 clean:
-	rm -rf $(VENV) outputs
+	rm -rf $(VENV) .venv-lowest outputs

@@ -37,8 +37,8 @@
 # Offline (a machine that reaches no package registry, such as a cluster's compute node):
 # WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh) with
 # --no-deps into SITE (.venv-gpu/site) beside the machine's own CUDA torch, and runs with
-# PYTHON (python3). It then lists every pinned requirement the machine does not meet (torch
-# itself is expected to differ) and goes on: the runs show whether it matters.
+# PYTHON (python3). It then lists every requirement (pyproject.toml's ranges: a torch >= 2.6
+# is accepted) the machine does not meet and goes on: the runs show whether it matters.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

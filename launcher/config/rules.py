@@ -227,7 +227,7 @@ def _peft(cfg: RunConfig) -> list[str]:
             f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
             "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
         )
-    return problems + _qlora_on_cpu(cfg)
+    return problems + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
 
 
 QLORA_CPU_BLOCK = 32
@@ -251,6 +251,21 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
         f"sizes are multiples of {QLORA_CPU_BLOCK}, peft=lora, or a GPU preset."
         for key, value in sizes.items()
         if value % QLORA_CPU_BLOCK
+    ]
+
+
+QLORA_INSTALL = "pip install 'ftlaunch[qlora]'"
+"""bitsandbytes is an extra (pyproject.toml): heavy, and only QLoRA uses it."""
+
+
+def _qlora_installed(cfg: RunConfig) -> list[str]:
+    """Refused here, not as an ImportError on every rank after the launch."""
+    if cfg.peft.name != "qlora" or _module_exists("bitsandbytes"):
+        return []
+    return [
+        "peft=qlora: bitsandbytes (QLoRA's 4-bit kernels) is not installed in this "
+        f"environment. Fix: {QLORA_INSTALL} (from a checkout: pip install -e '.[qlora]'), "
+        "or peft=lora."
     ]
 
 

@@ -5,6 +5,7 @@ comes back in one ConfigError."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,18 @@ def test_qlora_needs_weights_and_cpu_block_sizes() -> None:
     assert any("model.path is empty" in p and "peft=lora" in p for p in problems), problems
     assert any("model.intermediate_size=172" in p and "blocks of 32" in p for p in problems)
     validate(compose_config([*QLORA_OK, "model.intermediate_size=160"]), "plan")  # 5 x 32
+
+
+def test_qlora_without_bitsandbytes_is_refused_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    validate(compose_config(QLORA_OK), "plan")  # installed here: `make venv` adds [qlora]
+    # None in sys.modules: find_spec answers None, as in an environment without the extra
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    message = only_problem(QLORA_OK)
+    assert "peft=qlora" in message and "bitsandbytes" in message, message
+    assert "pip install 'ftlaunch[qlora]'" in message and "peft=lora" in message, message
+    validate(compose_config(["peft=lora"]), "plan")  # LoRA does not need it
 
 
 def test_eight_bit_base_is_refused_not_silently_loaded_in_4_bit() -> None:
