@@ -185,7 +185,10 @@ def test_fsdp_only_rank_0_fills_the_model_it_shards(memory_run: Callable[[str], 
     """Rank 1 allocates its unsharded parameters but never writes them
     (launcher/model.unfilled_model): its resident memory does not grow by the model in the
     model phase, rank 0's does (it builds the seeded fp32 model that every shard gets). The
-    allocator counts both alike, so the live-tensor prediction is the same on both."""
+    allocator counts both alike, so the live-tensor prediction is the same on both. Rank 1's
+    own growth is a fixed 13-22 MB (the phase's other allocations), whatever the model's
+    size: a quarter of the 52M model's 207 MB tells it from a filled model (+227 MB on rank
+    0)."""
     run = memory_run("fsdp")
     model_bytes = 4 * count_params(compose_config(MODEL).model)
     grown = []
@@ -195,4 +198,4 @@ def test_fsdp_only_rank_0_fills_the_model_it_shards(memory_run: Callable[[str], 
         assert phases["model"]["peak_bytes"] >= model_bytes, (rank, phases["model"])
     print(f"fsdp: RSS grown in the model phase {grown}, model {model_bytes}")
     assert grown[0] > 0.5 * model_bytes, grown
-    assert grown[1] < 0.1 * model_bytes, grown
+    assert grown[1] < 0.25 * model_bytes, grown
