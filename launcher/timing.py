@@ -116,8 +116,9 @@ def launch_env(run_dir: str, marks: Mapping[str, float]) -> dict[str, str]:
     return {ENV: json.dumps({"run_dir": str(run_dir), "marks": dict(marks)})}
 
 
-def inherited_marks(run_dir: str, environ: Mapping[str, str] = os.environ) -> dict[str, float]:
+def inherited_marks(run_dir: str, environ: Mapping[str, str] | None = None) -> dict[str, float]:
     """The `ftl` process's marks, if it launched this very run dir; else none."""
+    environ = os.environ if environ is None else environ
     try:
         payload = json.loads(environ.get(ENV, ""))
         if os.path.realpath(payload["run_dir"]) != os.path.realpath(run_dir):

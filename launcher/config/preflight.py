@@ -247,9 +247,12 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
     ]
 
 
-def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[str]:
     """train.report_to: a tracker's package missing here, or its credential missing from the
-    environment (a Slurm job inherits this environment: sbatch --export=ALL)."""
+    environment (a Slurm job inherits this environment: sbatch --export=ALL). The
+    environment is read at the call, never bound at import: `datasets`' multi-process map
+    replaces the os.environ object (arrow_dataset.py: `os.environ = prev_env`)."""
+    environ = os.environ if environ is None else environ
     problems = []
     for name in trackers.requested(cfg):
         modules = trackers.REQUIRES[name]

@@ -38,15 +38,18 @@ STALE_LOCK_S = 300.0
 (building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""
 
 
-def extensions_dir(environ: Mapping[str, str] = os.environ, prefix: str = sys.prefix) -> Path:
-    """The user's TORCH_EXTENSIONS_DIR, else this environment's own build cache."""
+def extensions_dir(environ: Mapping[str, str] | None = None, prefix: str = sys.prefix) -> Path:
+    """The user's TORCH_EXTENSIONS_DIR, else this environment's own build cache (the
+    environment read at the call: datasets' multi-process map replaces os.environ)."""
+    environ = os.environ if environ is None else environ
     return Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
 
 
-def use_own_build_cache(environ: MutableMapping[str, str] = os.environ,
+def use_own_build_cache(environ: MutableMapping[str, str] | None = None,
                         prefix: str = sys.prefix) -> Path:
     """Point torch's JIT builds at `extensions_dir`, built by this environment's own ninja
     (before DeepSpeed builds or loads an op)."""
+    environ = os.environ if environ is None else environ
     directory = extensions_dir(environ, prefix)
     environ.setdefault(ENV, str(directory))
     use_own_ninja(environ, prefix)

@@ -119,3 +119,16 @@ def test_a_resumed_launch_continues_the_tracker_run_of_its_checkpoints_run_dir(
     fresh = open_runs(cfg, second, resume=tmp_path / "elsewhere" / "checkpoint-4")
     assert fresh is not None and fresh.wandb != runs.wandb and fresh.launches == 1
     assert open_runs(compose_config(["train.report_to=[tensorboard]"]), second, None) is None
+
+
+def test_the_environment_is_read_when_checked_not_when_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """datasets' Dataset.map(num_proc=N) replaces the os.environ object with a copy
+    (arrow_dataset.py: `os.environ = prev_env`); a check bound to the old one at import
+    would miss every variable set afterwards (this suite's order once did exactly that)."""
+    import copy
+
+    monkeypatch.setattr(os, "environ", copy.deepcopy(os.environ))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert train_problems(tmp_path, "[wandb]") == []
