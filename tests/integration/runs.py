@@ -89,6 +89,17 @@ class Run:
         return torch.load(RunDir(self.run_dir).probes / "logits.pt")
 
 
+def stop_then_resume(runs_root: Path, name: str, overrides: list[str], stop: int,
+                     *probes: str) -> tuple[Run, Run]:
+    """Run `name` until the checkpoint of step `stop`, then the same command again (with
+    `probes`), which resumes it to the end: the two launches, each asserted to succeed."""
+    first = launch(plan_run(runs_root, name, [*overrides, callbacks(stop=stop)]))
+    assert first.returncode == 0, describe_failure(first)
+    second = launch(plan_run(runs_root, name, [*overrides, callbacks(*probes)]))
+    assert second.returncode == 0, describe_failure(second)
+    return first, second
+
+
 def assert_resumed_like(chain: tuple[Run, Run], reference: Run, stop: int) -> None:
     """A 2-rank run stopped after checkpoint-`stop` and resumed by the same command to step
     8: one launch record for the resume, from that checkpoint, and every step's loss equal

@@ -20,9 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from runs import Run, assert_resumed_like, callbacks, describe_failure, launch, plan_run
-from test_train_strategies import run_name, strategy_overrides
+from runs import Run, assert_resumed_like, stop_then_resume
+from test_train_strategies import (
+    assert_saved_model_reproduces_logits,
+    run_name,
+    strategy_overrides,
+)
 
 from launcher.config.compose import compose_config
 from launcher.config.validate import validate
@@ -37,11 +40,7 @@ STOP = 4
 
 @pytest.fixture(scope="module")
 def sp_chain(runs_root: Path) -> tuple[Run, Run]:
-    first = launch(plan_run(runs_root, "sp2", [*SP, callbacks(stop=STOP)]))
-    assert first.returncode == 0, describe_failure(first)
-    second = launch(plan_run(runs_root, "sp2", [*SP, callbacks("SequenceProbe", "LogitsProbe")]))
-    assert second.returncode == 0, describe_failure(second)
-    return first, second
+    return stop_then_resume(runs_root, "sp2", SP, STOP, "SequenceProbe", "LogitsProbe")
 
 
 def test_sp2_trains_like_zero3_alone_and_resumes_exactly(
@@ -55,19 +54,13 @@ def test_sp2_trains_like_zero3_alone_and_resumes_exactly(
 def test_sp2_splits_every_sequence_and_saves_the_whole_model(
     sp_chain: tuple[Run, Run],
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     _, second = sp_chain
     width = compose_config(SP).dataset.max_length  # every batch padded to it (even)
     for rank in (0, 1):
         shapes = second.probe("sequence", rank)["shapes"]
         assert len(shapes) == 8 - STOP  # one micro batch per resumed step
         assert all(shape == [8, width // 2] for shape in shapes), shapes
-    model = AutoModelForCausalLM.from_pretrained(second.run_dir / "model")
-    probe = second.logits()
-    with torch.no_grad():
-        logits = model(input_ids=probe["input_ids"]).logits
-    torch.testing.assert_close(logits, probe["logits"], rtol=1e-4, atol=1e-4)
+    assert_saved_model_reproduces_logits(second, "fp32")
 
 
 def test_sp_layouts_that_cannot_work_are_refused_before_launch() -> None:

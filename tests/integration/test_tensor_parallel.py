@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-from runs import Run, assert_resumed_like, callbacks, describe_failure, launch, plan_run
+from runs import Run, assert_resumed_like, stop_then_resume
+from test_train_strategies import assert_saved_model_reproduces_logits
 
 from launcher.config.compose import compose_config
 from launcher.config.validate import validate
@@ -29,11 +29,7 @@ STOP = 4
 
 @pytest.fixture(scope="module")
 def tp_chain(runs_root: Path) -> tuple[Run, Run]:
-    first = launch(plan_run(runs_root, "tp2", [*TP, callbacks(stop=STOP)]))
-    assert first.returncode == 0, describe_failure(first)
-    second = launch(plan_run(runs_root, "tp2", [*TP, callbacks("ShapeProbe", "LogitsProbe")]))
-    assert second.returncode == 0, describe_failure(second)
-    return first, second
+    return stop_then_resume(runs_root, "tp2", TP, STOP, "ShapeProbe", "LogitsProbe")
 
 
 def test_tp2_trains_like_one_process_and_resumes_exactly(
@@ -46,8 +42,6 @@ def test_tp2_trains_like_one_process_and_resumes_exactly(
 def test_tp2_splits_every_decoder_linear_and_saves_the_whole_model(
     tp_chain: tuple[Run, Run],
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     _, second = tp_chain
     cfg = compose_config(TP)
     h = cfg.model.hidden_size
@@ -62,12 +56,8 @@ def test_tp2_splits_every_decoder_linear_and_saves_the_whole_model(
         assert shapes[layer + "mlp.up_proj.weight"] == [inter // 2, h]
         assert shapes[layer + "mlp.down_proj.weight"] == [h, inter // 2]
         assert shapes["model.embed_tokens.weight"] == [cfg.model.vocab_size, h]  # whole
-    model = AutoModelForCausalLM.from_pretrained(second.run_dir / "model")
+    model = assert_saved_model_reproduces_logits(second, "fp32")
     assert model.model.layers[0].self_attn.q_proj.weight.shape == (h, h)
-    probe = second.logits()
-    with torch.no_grad():
-        logits = model(input_ids=probe["input_ids"]).logits
-    torch.testing.assert_close(logits, probe["logits"], rtol=1e-4, atol=1e-4)
 
 
 def test_tp_layouts_that_cannot_work_are_refused_before_launch() -> None:

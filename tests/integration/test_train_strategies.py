@@ -234,7 +234,8 @@ def assert_metrics_logged(run: Run) -> None:
     assert any(m.get("tokens_per_s", 0) > 0 for m in metrics)
 
 
-def assert_saved_model_reproduces_logits(run: Run, precision: str) -> None:
+def assert_saved_model_reproduces_logits(run: Run, precision: str) -> Any:
+    """model/ loads and reproduces the logits LogitsProbe recorded; returns the model."""
     from transformers import AutoModelForCausalLM
 
     recorded = run.logits()
@@ -252,6 +253,7 @@ def assert_saved_model_reproduces_logits(run: Run, precision: str) -> None:
     )
     # A model that did not train (or loaded the initial weights) is far from these.
     assert trained_logits.abs().max() > 0.5
+    return model
 
 
 def test_bf16_losses_track_fp32(trained: Callable[..., Run]) -> None:
