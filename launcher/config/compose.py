@@ -76,6 +76,11 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run_config
 
 
+def load_run_config(path: Path) -> RunConfig:
+    """A run dir's resolved config.yaml, typed (the ranks, the doctor, `ftl report`)."""
+    return to_run_config(OmegaConf.load(path))
+
+
 def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

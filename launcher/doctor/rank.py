@@ -17,9 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from launcher.config.compose import to_run_config
+from launcher.config.compose import load_run_config
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.doctor import checks
@@ -56,7 +54,7 @@ def examine(run_dir: RunDir) -> None:
     import torch
     import torch.distributed as dist
 
-    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    cfg = load_run_config(run_dir.config)
     started = time.monotonic()
     world = join_world(cfg, run_dir, alone_too=True)  # the bound holds throughout
     join_s = time.monotonic() - started

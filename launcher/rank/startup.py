@@ -154,11 +154,9 @@ def missing_message(cfg: RunConfig, run_dir: RunDir, world: World,
 def diagnose(run_dir: RunDir, head: str | None) -> str | None:
     """After a launch that failed: who never started, from RUN_DIR/startup/ alone (a job
     clears it at each start). None when every rank started (the failure came later)."""
-    from omegaconf import OmegaConf
+    from launcher.config.compose import load_run_config
 
-    from launcher.config.compose import to_run_config
-
-    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    cfg = load_run_config(run_dir.config)
     ranks, nodes = run_dir.read_startups(), run_dir.started_nodes()
     silent = [rank for rank in range(cfg.world_size) if rank not in ranks]
     if not silent:

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from launcher import timing
-from launcher.config.compose import to_run_config
+from launcher.config.compose import load_run_config
 from launcher.config.hardware import gpu_preset
 from launcher.data.encode import adopt_chat_template
 from launcher.data.preprocess import rank_builds_data, rank_datasets
@@ -67,7 +66,7 @@ def release_deepspeed_shm() -> None:
 
 
 def train(run_dir: RunDir) -> NoReturn:
-    cfg = to_run_config(OmegaConf.load(run_dir.config))
+    cfg = load_run_config(run_dir.config)
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     engine = engine_of(cfg.strategy)
     engine.prepare_rank(cfg)

@@ -159,12 +159,10 @@ def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
     config = RunDir(run_dir).config
     if not config.is_file():
         return None
-    from omegaconf import OmegaConf
-
-    from launcher.config.compose import to_run_config
+    from launcher.config.compose import load_run_config
     from launcher.estimator.flops import run_flops, run_seconds
 
-    cfg = to_run_config(OmegaConf.load(config))
+    cfg = load_run_config(config)
     return run_seconds(cfg, run_flops(cfg, tokens))
 
 
