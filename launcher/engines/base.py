@@ -25,6 +25,9 @@ class Engine:
     """`cluster.launcher` values that can start its ranks."""
     settings_file: ClassVar[str | None] = None
     """The run-dir file holding `settings(cfg)` (launcher/rundir.py names), if any."""
+    universal_settings_file: ClassVar[str | None] = None
+    """The run-dir file holding `universal_settings`: written beside `settings_file` when
+    the run resumes a checkpoint, which a launch then loads if it converts one."""
     libraries: ClassVar[tuple[str, ...]] = ()
     """Libraries every rank of this engine imports at start-up (launcher/timing.py)."""
     separate_master_weights: ClassVar[bool] = False
@@ -65,6 +68,11 @@ class Engine:
         """The contents of `settings_file`, concrete values only."""
         return None
 
+    def universal_settings(self, settings: dict[str, Any]) -> dict[str, Any] | None:
+        """The settings a launch loads when it resumes a checkpoint converted for its world
+        size (`resume_source`): final when written, like `settings`."""
+        return None
+
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         """Per-rank (device, host) bytes at each moment of a full fine-tune
         (launcher/estimator/peak.py)."""
@@ -94,8 +102,11 @@ class Engine:
         """TrainingArguments keywords of this engine (they replace the common ones)."""
         return {}
 
-    def finish_arguments(self, args: Any, cfg: RunConfig, on_cpu: bool) -> None:
-        """Changes TrainingArguments cannot take as keywords, after it is built."""
+    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
+        """The TrainingArguments of `kwargs` (`trainer_kwargs` included)."""
+        from transformers import TrainingArguments
+
+        return TrainingArguments(**kwargs)
 
     def resume_source(self, cfg: RunConfig, run_dir: RunDir,
                       resume: Path | None) -> tuple[Path | None, bool]:

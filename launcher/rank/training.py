@@ -55,8 +55,6 @@ def training_arguments(
     cfg: RunConfig, run_dir: RunDir, on_cpu: bool, accelerator_config: dict[str, Any],
     resuming: bool, load_universal: bool = False,
 ) -> Any:
-    from transformers import TrainingArguments
-
     t, engine = cfg.train, engine_of(cfg.strategy)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir.tensorboard))
     kwargs: dict[str, Any] = dict(
@@ -106,9 +104,7 @@ def training_arguments(
             dataloader_pin_memory=False,  # pinning needs an accelerator
         )
     kwargs.update(engine.trainer_kwargs(cfg, run_dir, on_cpu, load_universal))
-    args = TrainingArguments(**kwargs)
-    engine.finish_arguments(args, cfg, on_cpu)
-    return args
+    return engine.training_arguments(kwargs, cfg, on_cpu)
 
 
 def make_trainer(

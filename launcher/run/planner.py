@@ -81,11 +81,24 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     }
     if plan.settings is not None and plan.settings_file is not None:
         files[plan.settings_file] = _dump(plan.settings)
+    universal = _universal_settings(plan)
+    if universal is not None:
+        files[universal[0]] = _dump(universal[1])
     if launch.hostfile is not None:
         files[rundir.HOSTFILE] = launch.hostfile
     if plan.resume_from is not None:
         files[rundir.RESUME_FROM] = f"{plan.resume_from}\n"
     return files
+
+
+def _universal_settings(plan: Plan) -> tuple[str, dict[str, Any]] | None:
+    """A resuming run's settings for a checkpoint of another world size: whether one is
+    converted is the rank's call (a requeued job resumes its own checkpoints instead)."""
+    engine = engine_of(plan.cfg.strategy)
+    if plan.resume_from is None or plan.settings is None or not engine.universal_settings_file:
+        return None
+    settings = engine.universal_settings(plan.settings)
+    return None if settings is None else (engine.universal_settings_file, settings)
 
 
 def plan_record(plan: Plan, launch: Launch, overrides: list[str]) -> PlanRecord:

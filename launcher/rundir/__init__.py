@@ -41,6 +41,7 @@ CONFIG = "config.yaml"
 PLAN = "plan.json"
 LAUNCH_SCRIPT = "launch.sh"
 DS_CONFIG = "ds_config.json"
+UNIVERSAL_DS_CONFIG = "ds_config.universal.json"
 FSDP = "fsdp.json"
 HOSTFILE = "hostfile"
 RESUME_FROM = "resume_from"
@@ -93,6 +94,7 @@ class RunDir:
     config = _file(CONFIG)
     plan = _file(PLAN)
     ds_config = _file(DS_CONFIG)
+    universal_ds_config = _file(UNIVERSAL_DS_CONFIG)
     fsdp = _file(FSDP)
     hostfile = _file(HOSTFILE)
     resume_from = _file(RESUME_FROM)

@@ -19,12 +19,15 @@ loaded with load_universal (launcher/engines/deepspeed/universal.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from runs import RUN_TIMES, Run, callbacks, describe_failure, launch, plan_run
 from test_train_strategies import NO_GATHER, run_name, strategy_overrides
+
+from launcher.rundir import DS_CONFIG, UNIVERSAL_DS_CONFIG
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +108,8 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         assert record["world_size"] == world(layout)
         assert record["start_step"] == starts[index]
         assert record["resumed_from"] == (str(checkpoint) if checkpoint else None)
+        if strategy.startswith("zero"):
+            check_universal_settings(run.run_dir, resuming=checkpoint is not None)
         losses = run.train_losses()
         assert sorted(losses) == list(range(starts[index] + 1, end + 1)), sorted(losses)
         # The first resumed step runs on the restored weights, later ones on the restored
@@ -118,3 +123,16 @@ def test_resume_on_another_world_size_continues_the_same_losses(
     launches = len(chain) - (chain[0] is REFERENCE)
     RUN_TIMES[f"{name} ({launches} launches)"] = seconds
     assert run.result["global_step"] == MAX_STEPS
+
+
+def check_universal_settings(run_dir: Path, resuming: bool) -> None:
+    """A resuming DeepSpeed run dir holds the settings a converting launch loads, written
+    with the run dir (the ranks edit no settings): the ds_config plus load_universal."""
+    universal = run_dir / UNIVERSAL_DS_CONFIG
+    assert universal.is_file() == resuming
+    if resuming:
+        settings = json.loads(universal.read_text())
+        assert settings.pop("checkpoint").get("load_universal") is True
+        written = json.loads((run_dir / DS_CONFIG).read_text())
+        written.pop("checkpoint", None)
+        assert settings == written

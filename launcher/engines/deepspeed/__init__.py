@@ -4,8 +4,9 @@ workarounds of its ranks (docs/stack-notes.md)."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +27,7 @@ from launcher.rundir import RunDir
 class DeepSpeedEngine(Engine):
     name: ClassVar[str] = "deepspeed"
     settings_file: ClassVar[str | None] = rundir.DS_CONFIG
+    universal_settings_file: ClassVar[str | None] = rundir.UNIVERSAL_DS_CONFIG
     libraries: ClassVar[tuple[str, ...]] = ("deepspeed",)
     separate_master_weights: ClassVar[bool] = True
 
@@ -107,27 +109,30 @@ class DeepSpeedEngine(Engine):
         PartialState(backend="gloo")
         return {"use_configured_state": True}
 
+    def universal_settings(self, settings: dict[str, Any]) -> dict[str, Any] | None:
+        return {**settings, "checkpoint": {**settings.get("checkpoint", {}),
+                                           "load_universal": True}}
+
     def trainer_kwargs(self, cfg: RunConfig, run_dir: RunDir, on_cpu: bool,
                        load_universal: bool) -> dict[str, Any]:
-        late_bf16 = _late_bf16(cfg, on_cpu)
-        kwargs: dict[str, Any] = {"deepspeed": _ds_config(run_dir, late_bf16, load_universal)}
+        settings = run_dir.universal_ds_config if load_universal else run_dir.ds_config
+        if not settings.is_file():
+            raise RuntimeError(f"{settings} is missing: a run dir for DeepSpeed holds it. Fix: "
+                               "launch again with ftl train or ftl submit (they write it).")
+        kwargs: dict[str, Any] = {"deepspeed": str(settings)}
         if on_cpu:
             kwargs["use_cpu"] = False  # the Trainer's CPU path would bypass DeepSpeed
-        if late_bf16:
-            kwargs["bf16"] = False
         if cfg.parallel.sp > 1:
             from launcher.engines.deepspeed.ulysses import parallelism_config
 
             kwargs["parallelism_config"] = parallelism_config(cfg.parallel.sp)
         return kwargs
 
-    def finish_arguments(self, args: Any, cfg: RunConfig, on_cpu: bool) -> None:
-        if _late_bf16(cfg, on_cpu):
-            import torch
-
-            args.bf16 = True
-            args.hf_deepspeed_config.config["bf16"] = {"enabled": True}
-            args.hf_deepspeed_config._dtype = torch.bfloat16
+    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
+        if not (on_cpu and cfg.precision.name == "bf16"):
+            return super().training_arguments(kwargs, cfg, on_cpu)
+        with _bf16_check_asks_deepspeed():
+            return super().training_arguments(kwargs, cfg, on_cpu)
 
     def resume_source(self, cfg: RunConfig, run_dir: RunDir,
                       resume: Path | None) -> tuple[Path | None, bool]:
@@ -164,20 +169,17 @@ def _offload_of_stage(strategy: StrategyConfig) -> bool:
     return strategy.offload_optimizer
 
 
-def _late_bf16(cfg: RunConfig, on_cpu: bool) -> bool:
-    """bf16 on CPU: TrainingArguments(bf16=True) refuses CPU without use_cpu, and bf16 only
-    in the ds_config is a Trainer mismatch; both are switched on after it is built."""
-    return on_cpu and cfg.precision.name == "bf16"
+@contextlib.contextmanager
+def _bf16_check_asks_deepspeed() -> Iterator[None]:
+    """TrainingArguments(bf16=True) asks whether a GPU does bf16 and refuses otherwise
+    (unless use_cpu, which bypasses DeepSpeed); on CPU the ranks run DeepSpeed's CPU
+    accelerator, so its answer is the right one while the arguments are built."""
+    from deepspeed.accelerator import get_accelerator
+    from transformers import training_args
 
-
-def _ds_config(run_dir: RunDir, disable_bf16: bool, load_universal: bool) -> str | dict[str, Any]:
-    """RUN_DIR/ds_config.json as written, or with this launch's changes: bf16 enabled late
-    (CPU), a universal checkpoint to load (universal.py)."""
-    if not (disable_bf16 or load_universal):
-        return str(run_dir.ds_config)
-    config = json.loads(run_dir.ds_config.read_text())
-    if disable_bf16:
-        config["bf16"] = {"enabled": False}
-    if load_universal:
-        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
-    return config
+    gpu_check = training_args.is_torch_bf16_gpu_available
+    training_args.is_torch_bf16_gpu_available = get_accelerator().is_bf16_supported
+    try:
+        yield
+    finally:
+        training_args.is_torch_bf16_gpu_available = gpu_check

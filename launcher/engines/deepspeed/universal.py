@@ -7,7 +7,8 @@ world size, rank 0 converts it once with DeepSpeed's own converter
 own) into RUN_DIR/universal/checkpoint-N/: the converted `global_stepN_universal/` and its
 `latest_universal`, beside links to the source checkpoint's Trainer files (trainer_state,
 scheduler, RNG states, config). The Trainer then resumes from that directory with
-`"checkpoint": {"load_universal": true}` added to the ds_config it is given, so DeepSpeed
+RUN_DIR/ds_config.universal.json (the ds_config plus `"checkpoint": {"load_universal":
+true}`, written with the run dir), so DeepSpeed
 reshards parameters and optimizer states for the new world size. The other ranks wait for
 the directory before any process group exists (as for the tokenized data), so no
 collective times out however long the conversion takes.
