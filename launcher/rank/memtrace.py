@@ -17,9 +17,9 @@ optimizer states, activations, engine flat buffers and buckets, DDP's reducer bu
 gloo's output tensors); not memory from elsewhere (numpy arrays wrapped by from_numpy,
 mmap'ed files, Python objects, the libraries' own C++ heaps): RSS is recorded beside it.
 
-`start` once per process, before the model exists; `phase(name)` at each boundary; the
-summary goes to metrics/rank<R>.json. Without a compiler the CPU figure is None and only
-RSS is recorded.
+`start` once per process, before the model exists; `phase(name)` at each boundary;
+`record_memory` writes the summary to metrics/rank<R>.json and gathers every rank's into
+result.json. Without a compiler the CPU figure is None and only RSS is recorded.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ import resource
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+from launcher.rundir import PlanRecord, RankMetrics, RunDir
 
 COUNTING_ALLOCATOR_SOURCE = r"""
 #include <c10/core/Allocator.h>
@@ -116,18 +118,14 @@ class Tracker(Protocol):
 # ---------------------------------------------------------------- the CPU counter
 
 
-def cache_dir() -> Path:
-    from launcher.config.compose import cache_home
-
-    return cache_home()
-
-
 def library_path(torch_dir: Path, torch_version: str) -> Path:
     """Where the compiled counter for this source and this torch lives."""
+    from launcher.config.compose import cache_home
+
     key = hashlib.sha256(
         f"{COUNTING_ALLOCATOR_SOURCE}\0{torch_version}\0{torch_dir}".encode()
     ).hexdigest()[:16]
-    return cache_dir() / "memtrace" / f"counting-{key}.so"
+    return cache_home() / "memtrace" / f"counting-{key}.so"
 
 
 def compile_command(source: Path, out: Path, torch_dir: Path, cxx11_abi: bool) -> list[str]:
@@ -285,8 +283,8 @@ _PROBLEM: str | None = None
 
 def start(on_cpu: bool, first_phase: str = "startup") -> PhasePeaks | None:
     """Install this process's tracker (once; later calls return the same one) and open
-    `first_phase`. None, with `problem()` saying why, when live bytes cannot be measured:
-    the run then records RSS only."""
+    `first_phase`. None when live bytes cannot be measured (the summary says why): the run
+    then records RSS only."""
     global _PHASES, _PROBLEM
     if _PHASES is not None:
         return _PHASES
@@ -316,13 +314,38 @@ def current() -> PhasePeaks | None:
     return _PHASES
 
 
-def problem() -> str | None:
-    return _PROBLEM
-
-
 def summary() -> dict[str, Any]:
     """The per-rank memory record; without a tracker only RSS (and why)."""
     if _PHASES is None:
         return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
                 "problem": _PROBLEM}
     return _PHASES.summary()
+
+
+def peak_memory_mib() -> float:
+    """The figure every metrics line carries: peak accelerator memory of this rank, or its
+    peak resident memory on CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return rss_peak_bytes() / 2**20
+
+
+def record_memory(trainer: Any, run_dir: RunDir, plan: PlanRecord) -> dict[str, Any]:
+    """Every rank, after the final save: its summary into metrics/rank<R>.json ("memory");
+    returns result.json's "memory" with every rank's figures (one all_gather_object)."""
+    import torch.distributed as dist
+
+    mine = summary()
+    rank = trainer.args.process_index
+    record = run_dir.read_rank_metrics(rank) or RankMetrics(rank)
+    run_dir.write_rank_metrics(replace(record, memory=mine))
+    ranks = [mine]
+    if dist.is_available() and dist.is_initialized():
+        ranks = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(ranks, mine)
+    predicted = (plan.estimate or {}).get("peak_bytes")  # live tensor bytes
+    return {"predicted_peak_bytes": int(predicted) if predicted else None,
+            "measured_peak_bytes": [r.get("peak_bytes") for r in ranks],
+            "measured_rss_bytes": [r.get("rss_peak_bytes") for r in ranks]}

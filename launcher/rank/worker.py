@@ -134,11 +134,10 @@ def train(run_dir: RunDir) -> NoReturn:
         trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
     )
     timing.mark("saved")
-    from launcher.rank.callbacks.memory import record_memory
     from launcher.rank.callbacks.metrics import record_finish
 
     record_finish(trainer)
-    memory = record_memory(trainer, run_dir, plan)  # every rank: a collective
+    memory = memtrace.record_memory(trainer, run_dir, plan)  # every rank: a collective
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir, memory)
     if trainer.is_world_process_zero():
         run_dir.write_result(result)

@@ -9,8 +9,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rank.callbacks.memory import peak_memory_mib
 from launcher.rank.checkpoints import barrier
+from launcher.rank.memtrace import peak_memory_mib
 from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
 
 

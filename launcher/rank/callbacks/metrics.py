@@ -11,7 +11,6 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from launcher import timing
 from launcher.rank import memtrace
-from launcher.rank.callbacks.memory import peak_memory_mib
 from launcher.rank.callbacks.step_times import StepTimes
 from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 
@@ -64,7 +63,7 @@ class MetricsCallback(TrainerCallback):
         if not logs:
             return
         self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
-        logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        logs["peak_memory_mib"] = round(memtrace.peak_memory_mib(), 1)
         # Every rank logs the training loss at the same steps: the busy times meet there.
         times = self.step_times.gather() if "loss" in logs else None
         if not state.is_world_process_zero:
@@ -88,7 +87,7 @@ class MetricsCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self.run_dir.append_metrics(
-            self._event(event, figures, state, round(peak_memory_mib(), 1)))
+            self._event(event, figures, state, round(memtrace.peak_memory_mib(), 1)))
         line = timing.startup_line if event == "startup" else timing.finish_line
         print(line(figures), flush=True)
 
@@ -140,7 +139,7 @@ class MetricsCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.run_dir.write_rank_metrics(RankMetrics(
-            args.process_index, round(peak_memory_mib(), 1),
+            args.process_index, round(memtrace.peak_memory_mib(), 1),
             int(state.num_input_tokens_seen or 0)))
 
 
