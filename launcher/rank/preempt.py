@@ -1,31 +1,18 @@
-"""Stop at a step boundary with a complete checkpoint when the Slurm job asks for it.
+"""Stop at a step boundary with a complete checkpoint when asked (docs/design.md, "The
+ranks": who asks, and what RUN_DIR/preempted then tells the batch script and `ftl status`).
 
-The job's USR1 trap (launcher/schedulers/slurm/script.py) touches RUN_DIR/preempt.requested.
-A file, not a signal: `--signal=B:USR1` reaches only the batch shell, and whatever sits
-between srun and the ranks (torchrun's agent, the deepspeed launcher) would otherwise have
-to forward it.
-Every rank polls the file at the same step ends; the ranks then agree with an all-reduce
-(MAX), because a rank that saw the file one step later would enter the checkpoint's
-collectives at a different step than the others and hang. So all ranks save at the same
-step and stop; rank 0 records RUN_DIR/preempted (once that checkpoint is complete) so the
-batch script requeues instead of calling it done.
-
-The ranks vote at the first step end and then about every VOTE_EVERY_S seconds, not at
-every step: an all-reduce costs each step its round trip, about 0.5-2 ms on 2 CPU ranks
-(1-5 % of the tiny model's ~40 ms step, measured by bench/train_overhead.py), while a stop
-within a second or two of the request is as good as one at the next step (Slurm's
-signal_grace_s is minutes). The interval is itself agreed in the vote: each rank proposes
-how many of its recent steps fit in VOTE_EVERY_S and all take the smallest, so every rank
-votes at the same steps. A single process (no group) checks the file at every step end.
-
-Signals (issue: lose nothing): SIGTERM and SIGINT that reach a rank itself (torchrun and
-the deepspeed launcher forward theirs, with 30 s before they kill; Slurm and Kubernetes
-signal every process) are a stop request too: `stop_on_signals` makes them set a flag that
-the same vote reads, so the ranks save at the same step and stop. A repeated signal changes
-nothing on a rank (the launchers forward what the ranks already got); aborting at once is
-the job of the process the user talks to (`ftl train`: a second Ctrl-C kills the ranks).
-A stop for a signal also touches preempt.requested, so a batch script whose shell was not
-signalled still requeues.
+A request is a file, RUN_DIR/preempt.requested (the Slurm job's USR1 trap touches it:
+`--signal=B:USR1` reaches only the batch shell, and torchrun's agent or the deepspeed
+launcher between srun and the ranks would have to forward a signal), or SIGTERM/SIGINT
+reaching the rank itself (`stop_on_signals`). The ranks agree by an all-reduce (MAX): a
+rank that saw it one step later would enter the checkpoint's collectives at another step
+than the others and hang. They vote at the first step end and then about every
+VOTE_EVERY_S, not at every step: an all-reduce costs each step about 0.5-2 ms on 2 CPU
+ranks (1-5 % of the tiny model's ~40 ms step, bench/train_overhead.py), while Slurm's
+signal_grace_s is minutes. Each rank proposes how many of its recent steps fit in
+VOTE_EVERY_S and all take the smallest, so every rank votes at the same steps. A repeated
+signal changes nothing (the launchers forward what the ranks already got): aborting at
+once is the job of the process the user talks to (`ftl train`: a second Ctrl-C).
 """
 
 from __future__ import annotations
@@ -75,13 +62,8 @@ def stop_on_signals(flag: SignalFlag = SIGNALLED) -> None:
 
 
 class PreemptCallback(TrainerCallback):
-    """Save and stop at a step end once RUN_DIR/preempt.requested exists: at the next vote
-    (about a second later at most) when there are several ranks, at once for one process.
-
-    After `trainer.train()` returns, `preempted` says whether the run stopped early: the
-    worker then skips its final evaluation/model save and exits 0 (the checkpoint is the
-    state to resume from; the requeued job finishes the run).
-    """
+    """Save and stop at a step end once a stop is requested: at the next vote when there
+    are several ranks, at once for one process (no group: the file at every step end)."""
 
     def __init__(self, run_dir: RunDir, signals: SignalFlag = SIGNALLED) -> None:
         self.run_dir = run_dir

@@ -32,6 +32,7 @@ from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_f
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
 
@@ -113,7 +114,7 @@ def train(run_dir: RunDir) -> NoReturn:
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
-    start_step = _step_of(resume)
+    start_step = (checkpoint_step(resume) or 0) if resume is not None else 0
     from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
     from launcher.rank.trackers import attach, close_runs
 
@@ -160,28 +161,18 @@ BARRIER_STACKS_AFTER_S = 600.0
 
 
 def finish() -> NoReturn:
-    """Leave once every file is written: a barrier (every rank is done), this rank's
-    DeepSpeed shared memory, then os._exit from inside train(), whose trainer and model
-    are never freed and whose process group is never torn down (the kernel closes its
-    sockets).
-
-    Returning instead freed the trainer, and the last reference to DDP's reducer destroyed
-    its gloo process group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
-    destructor, under a Python dealloc) with result.json already written, the rank alive
-    and the run never ending. Interpreter teardown could also abort ("terminate called
-    without an active exception", docs/stack-notes.md). The barrier is not cut short: other
-    ranks may still be writing (rank 0 saving a large model); its stacks are written to
-    stderr if it lasts BARRIER_STACKS_AFTER_S."""
+    """Leave once every file is written: a barrier (every rank is done; not cut short, as
+    rank 0 may still save a large model, but its stacks go to stderr after
+    BARRIER_STACKS_AFTER_S), this rank's DeepSpeed shared memory, then os._exit from inside
+    train(). Returning freed the trainer, and the last reference to DDP's reducer destroyed
+    its gloo group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
+    destructor) with result.json written and the run never ending (docs/stack-notes.md)."""
     if dist.is_available() and dist.is_initialized():
         faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
         dist.barrier()
         faulthandler.cancel_dump_traceback_later()
     release_deepspeed_shm()
     exit_now(0)
-
-
-def _step_of(checkpoint: Path | None) -> int:
-    return (checkpoint_step(checkpoint) or 0) if checkpoint is not None else 0
 
 
 def final_evaluation(trainer: Any) -> dict[str, float]:
@@ -225,14 +216,11 @@ def write_error(run_dir: RunDir, text: str) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Leave without interpreter teardown once everything is written and the process
-    group is destroyed: teardown can still abort ("terminate called without an active
-    exception", SIGABRT, seen with DeepSpeed on gloo even after barrier + destroy), which
-    would turn a finished run into a failed one."""
+    """Leave without interpreter teardown once everything is written: teardown can still
+    abort ("terminate called without an active exception", SIGABRT, seen with DeepSpeed on
+    gloo even after barrier + destroy), which would turn a finished run into a failed one."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":

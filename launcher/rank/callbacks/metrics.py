@@ -18,18 +18,12 @@ from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 class MetricsCallback(TrainerCallback):
     """On every rank it adds tokens/s, achieved TFLOP/s, MFU (GPU only: a CPU has no
     meaningful peak) and peak memory to the Trainer's log dict; installed first, so
-    TensorBoard records these with the loss. Rank 0 also appends the log to metrics.jsonl
-    and prints a one-line progress report (the worker turns tqdm off: bars from several
-    ranks, teed through the launcher, garble the console). At the end each rank writes its
-    peak memory to metrics/rank<R>.json.
-
-    Every launch (first start, requeue, `ftl train` again) is one launches.jsonl line and
-    each metrics line names its launch, so a resume is never mistaken for a restart.
-    At the end of each launch's first step rank 0 prints and records where its start-up
-    went ("startup"); the worker adds "finish" after the final eval and save
-    (launcher/timing.py). Each train log line also carries every rank's busy and forward
-    seconds per step since the previous one ("rank_busy_s", "rank_forward_s",
-    "busy_steps": callbacks/step_times.py)."""
+    TensorBoard records them with the loss. Rank 0 appends each log to metrics.jsonl, with
+    every rank's busy and forward seconds per step (step_times.py), and prints a progress
+    line (tqdm is off: bars from several ranks garble the console). Each launch is one
+    launches.jsonl line and each metrics line names its launch, so a resume is never
+    mistaken for a restart; a launch's start-up phases are recorded at its first step end,
+    the finish phases by the worker (launcher/timing.py)."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:
