@@ -1,25 +1,11 @@
 """Per-rank peak memory as live tensor bytes, per phase of a run.
 
-GPU: torch.cuda's allocator statistics (max_memory_allocated / max_memory_reserved, the
-peak reset at each phase boundary).
-
-CPU: torch 2.13 keeps no CPU allocator statistics (torch.cpu has none, torch.accelerator's
-are for accelerators only, and the profiler's memory events count only what is allocated
-while it profiles, on threads carrying its state, at the cost of recording every op). So
-the worker wraps torch's CPU allocator: COUNTING_ALLOCATOR_SOURCE, a few lines of C++
-compiled once with the system compiler against torch's own headers (~2 s, cached under
-FTL_CACHE_DIR or ~/.cache/ftlaunch) and loaded with ctypes, forwards every allocation to
-the allocator it replaces and keeps the live byte count and its high-water mark under one
-mutex: +0.06-0.09 us per allocation, nothing per op (a training step of the tiny
-Llama makes ~550 allocations: ~0.1 % of it; docs/memory-notes.md). It sees every CPU
-tensor storage made through c10's CPU allocator after `start` (parameters, gradients,
-optimizer states, activations, engine flat buffers and buckets, DDP's reducer buckets,
-gloo's output tensors); not memory from elsewhere (numpy arrays wrapped by from_numpy,
-mmap'ed files, Python objects, the libraries' own C++ heaps): RSS is recorded beside it.
-
-`start` once per process, before the model exists; `phase(name)` at each boundary;
-`record_memory` writes the summary to metrics/rank<R>.json and gathers every rank's into
-result.json. Without a compiler the CPU figure is None and only RSS is recorded.
+GPU: torch.cuda's allocator statistics, the peak reset at each phase boundary. CPU: torch
+keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator with
+COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler, cached under
+FTL_CACHE_DIR or ~/.cache/ftlaunch, loaded with ctypes; +0.06-0.09 us per allocation).
+Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
+docs/memory-notes.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
 
 from __future__ import annotations

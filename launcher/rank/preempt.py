@@ -36,38 +36,33 @@ MAX_VOTE_INTERVAL = 100
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class SignalFlag:
-    """The first stop signal this process received (its name), set by the handler."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum).name
-            print(f"[ftl] {self.received}: saving a checkpoint at the next agreed step "
-                  "boundary, then stopping", flush=True)
+_received: str | None = None
+"""The first stop signal this process received (its name)."""
 
 
-SIGNALLED = SignalFlag()
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signal.Signals(signum).name
+        print(f"[ftl] {_received}: saving a checkpoint at the next agreed step boundary, "
+              "then stopping", flush=True)
 
 
-def stop_on_signals(flag: SignalFlag = SIGNALLED) -> None:
+def stop_on_signals() -> None:
     """From now on SIGTERM and SIGINT ask for a stop at a step boundary (main thread only:
     Python runs handlers there). Installed just before training: a signal earlier loses
     no work, so it keeps its default meaning."""
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
-            signal.signal(signum, flag.handle)
+            signal.signal(signum, _on_signal)
 
 
 class PreemptCallback(TrainerCallback):
     """Save and stop at a step end once a stop is requested: at the next vote when there
     are several ranks, at once for one process (no group: the file at every step end)."""
 
-    def __init__(self, run_dir: RunDir, signals: SignalFlag = SIGNALLED) -> None:
+    def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
-        self.signals = signals
         self.preempted = False
         self.next_vote = 0  # global step of the next vote (every rank computes the same)
         self._last_vote: tuple[int, float] | None = None  # (step, monotonic time)
@@ -92,10 +87,9 @@ class PreemptCallback(TrainerCallback):
         control.should_save = True
         control.should_training_stop = True
         if state.is_world_process_zero:
-            reason = self.signals.received or "preempt.requested"
-            if self.signals.received:  # now: the batch script requeues on it even if the
-                self.run_dir.preempt_requested.touch()  # save is cut short
-            print(f"[ftl] stop requested ({reason}): saving checkpoint-{state.global_step} "
+            if _received:  # now: the batch script requeues on it even if the save is cut short
+                self.run_dir.preempt_requested.touch()
+            print(f"[ftl] stop requested ({_reason()}): saving checkpoint-{state.global_step} "
                   "and stopping; a relaunch (or the requeued job) resumes from it", flush=True)
 
     def on_train_end(
@@ -105,8 +99,7 @@ class PreemptCallback(TrainerCallback):
         complete (the save and its COMPLETE marker come before the Trainer's train end), so
         `ftl status` never reports a stop at a checkpoint that a kill cut short."""
         if self.preempted and state.is_world_process_zero:
-            reason = self.signals.received or "preempt.requested"
-            self.run_dir.write_preempted(Preempted(state.global_step, time.time(), reason))
+            self.run_dir.write_preempted(Preempted(state.global_step, time.time(), _reason()))
 
     def _proposed_interval(self, step: int) -> int:
         """Steps until the next vote that this rank proposes: how many of its steps since
@@ -119,7 +112,11 @@ class PreemptCallback(TrainerCallback):
         return max(1, min(MAX_VOTE_INTERVAL, int(VOTE_EVERY_S / per_step)))
 
     def requested(self) -> bool:
-        return self.signals.received is not None or self.run_dir.preempt_requested.exists()
+        return _received is not None or self.run_dir.preempt_requested.exists()
+
+
+def _reason() -> str:
+    return _received or "preempt.requested"
 
 
 def vote(flag: bool, interval: int) -> tuple[bool, int]:
