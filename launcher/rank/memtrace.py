@@ -216,9 +216,11 @@ class PhasePeaks:
     """Peak live bytes per named phase: `phase(name)` closes the current phase (its peak
     is kept, the maximum when a name recurs, e.g. every steady-state step) and opens the
     next one with the high-water mark reset to what is live now. `rename(name)` re-labels
-    the open phase (the gap after a step becomes "checkpoint" once a save happened in it)."""
+    the open phase (the gap after a step becomes "checkpoint" once a save happened in it).
+    Without a tracker (none installed, or `problem` says why not) only RSS is recorded."""
 
-    tracker: Tracker
+    tracker: Tracker | None = None
+    problem: str | None = None
     current: str | None = None
     peaks: dict[str, int] = field(default_factory=dict)
     reserved: dict[str, int] = field(default_factory=dict)
@@ -226,6 +228,8 @@ class PhasePeaks:
     """Process peak RSS at the end of each phase (cumulative: RSS has no reset)."""
 
     def phase(self, name: str | None) -> None:
+        if self.tracker is None:
+            return
         self._close()
         self.current = name
         self.tracker.reset_peak()
@@ -236,7 +240,7 @@ class PhasePeaks:
             self.current = name
 
     def _close(self) -> None:
-        if self.current is None:
+        if self.current is None or self.tracker is None:
             return
         name = self.current
         self.peaks[name] = max(self.peaks.get(name, 0), self.tracker.peak())
@@ -247,6 +251,9 @@ class PhasePeaks:
 
     def summary(self) -> dict[str, Any]:
         """Closes the open phase and returns the record for metrics/rank<R>.json."""
+        if self.tracker is None:
+            return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
+                    "problem": self.problem}
         self.phase(None)
         record: dict[str, Any] = {
             "peak_bytes": max(self.peaks.values(), default=0),
@@ -261,51 +268,22 @@ class PhasePeaks:
         return record
 
 
-# ---------------------------------------------------------------- the process's tracer
-
-_PHASES: PhasePeaks | None = None
-_PROBLEM: str | None = None
+PHASES = PhasePeaks()
+"""This process's phases: nothing is measured until `start` installs its tracker."""
 
 
-def start(on_cpu: bool, first_phase: str = "startup") -> PhasePeaks | None:
-    """Install this process's tracker (once; later calls return the same one) and open
-    `first_phase`. None when live bytes cannot be measured (the summary says why): the run
-    then records RSS only."""
-    global _PHASES, _PROBLEM
-    if _PHASES is not None:
-        return _PHASES
+def start(on_cpu: bool, first_phase: str = "startup") -> None:
+    """Install this process's tracker (once) and open `first_phase`; when live bytes cannot
+    be measured, the run records RSS only and its summary says why."""
+    if PHASES.tracker is not None:
+        return
     try:
-        tracker: Tracker = CpuTracker.install() if on_cpu else CudaTracker()
+        PHASES.tracker = CpuTracker.install() if on_cpu else CudaTracker()
     except MemtraceUnavailable as exc:
-        _PROBLEM = str(exc)
+        PHASES.problem = str(exc)
         print(f"[ftl] memory: live tensor bytes not measured ({exc})", file=sys.stderr)
-        return None
-    _PHASES = PhasePeaks(tracker)
-    _PHASES.phase(first_phase)
-    return _PHASES
-
-
-def phase(name: str) -> None:
-    """Open phase `name` (a no-op when nothing was started)."""
-    if _PHASES is not None:
-        _PHASES.phase(name)
-
-
-def rename(name: str, only: str | None = None) -> None:
-    if _PHASES is not None:
-        _PHASES.rename(name, only)
-
-
-def current() -> PhasePeaks | None:
-    return _PHASES
-
-
-def summary() -> dict[str, Any]:
-    """The per-rank memory record; without a tracker only RSS (and why)."""
-    if _PHASES is None:
-        return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
-                "problem": _PROBLEM}
-    return _PHASES.summary()
+        return
+    PHASES.phase(first_phase)
 
 
 def peak_memory_mib() -> float:
@@ -323,7 +301,7 @@ def record_memory(trainer: Any, run_dir: RunDir, plan: PlanRecord) -> dict[str, 
     returns result.json's "memory" with every rank's figures (one all_gather_object)."""
     import torch.distributed as dist
 
-    mine = summary()
+    mine = PHASES.summary()
     rank = trainer.args.process_index
     record = run_dir.read_rank_metrics(rank) or RankMetrics(rank)
     run_dir.write_rank_metrics(replace(record, memory=mine))

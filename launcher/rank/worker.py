@@ -100,10 +100,10 @@ def train(run_dir: RunDir) -> NoReturn:
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
-    memtrace.phase("model")
+    memtrace.PHASES.phase("model")
     model = apply_peft(build_model(cfg, tokenizer), cfg)
     timing.mark("model_built")
-    memtrace.phase("engine")  # the Trainer, the engine, up to the first step
+    memtrace.PHASES.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
@@ -128,7 +128,7 @@ def train(run_dir: RunDir) -> NoReturn:
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
         close_runs(finished=False)
         finish()
-    memtrace.phase("final")  # final eval and the final model's save
+    memtrace.PHASES.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
     model_dir = save_final_model(

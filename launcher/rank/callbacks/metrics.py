@@ -90,24 +90,24 @@ class MetricsCallback(TrainerCallback):
     ) -> None:
         if not timing.MARKS.has("first_step"):
             timing.mark("first_eval")  # train.eval_on_start: before the first step
-        memtrace.rename("eval", only="steady")  # an eval between steps
+        memtrace.PHASES.rename("eval", only="steady")  # an eval between steps
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        memtrace.phase("steady" if timing.MARKS.has("first_step") else "first_step")
+        memtrace.PHASES.phase("steady" if timing.MARKS.has("first_step") else "first_step")
         self.step_times.step_begin()
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        memtrace.rename("checkpoint")  # the gap after this step held a checkpoint save
+        memtrace.PHASES.rename("checkpoint")  # the gap after this step held a checkpoint save
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.step_times.step_end()
-        memtrace.phase("steady")  # logging, eval, save until the next step: renamed if so
+        memtrace.PHASES.phase("steady")  # logging, eval, save until the next step: renamed if so
         if state.global_step >= state.max_steps:
             timing.mark("last_step")
         if timing.MARKS.has("first_step"):
