@@ -1,11 +1,6 @@
-"""The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`.
-
-Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
-tokenizer -> data -> process group (rank/startup.py, bounded) -> distributed state ->
-TrainingArguments -> model -> Trainer -> train (resuming from the last complete
-checkpoint) -> evaluate -> save -> result. What each file is and who writes it:
-launcher/rundir/. Nothing here exists for tests: they inject their probes through
-`train.callbacks`.
+"""The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`, the recipe
+(docs/design.md, "The ranks"). It reads ONLY the run dir and the tokenized data its plan
+names. Nothing here exists for tests: they inject their probes through `train.callbacks`.
 """
 
 from __future__ import annotations
@@ -77,7 +72,10 @@ def train(run_dir: RunDir) -> NoReturn:
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
     imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
-    quiet_progress_bars()
+    from transformers.utils import logging as hf_logging  # after import_stack
+    # Loading/saving bars from every rank garble the launcher's console; MetricsCallback
+    # reports the steps (a rank that tokenizes turns off datasets' bars: data.encode_splits).
+    hf_logging.disable_progress_bar()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
@@ -145,15 +143,6 @@ def train(run_dir: RunDir) -> NoReturn:
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     close_runs(finished=True)
     finish()
-
-
-def quiet_progress_bars() -> None:
-    """Loading/saving bars from every rank garble the launcher's console; steps are
-    reported by MetricsCallback instead. (A rank that tokenizes turns off `datasets`' own
-    bars there, data.encode_splits; the others never import it.)"""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 BARRIER_STACKS_AFTER_S = 600.0
