@@ -114,20 +114,13 @@ def library_path(torch_dir: Path, torch_version: str) -> Path:
     return cache_home() / "memtrace" / f"counting-{key}.so"
 
 
-def compile_command(source: Path, out: Path, torch_dir: Path, cxx11_abi: bool) -> list[str]:
-    compiler = os.environ.get("CXX", "c++")
-    lib = torch_dir / "lib"
-    return [compiler, "-O2", "-shared", "-fPIC", "-std=c++17",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f"-I{torch_dir / 'include'}",
-            str(source), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(out)]
-
-
 def build_library() -> Path:
     """The counter's shared library: cached, or compiled now into the cache (written under
     a temporary name and renamed, so ranks building at once never load a partial file)."""
     import torch
 
     torch_dir = Path(torch.__file__).parent
+    lib = torch_dir / "lib"
     out = library_path(torch_dir, torch.__version__)
     if out.is_file():
         return out
@@ -135,7 +128,10 @@ def build_library() -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         source, built = Path(tmp) / "counting.cpp", Path(tmp) / "counting.so"
         source.write_text(COUNTING_ALLOCATOR_SOURCE)
-        cmd = compile_command(source, built, torch_dir, torch.compiled_with_cxx11_abi())
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+               f"-I{torch_dir / 'include'}", str(source), f"-L{lib}", "-lc10",
+               f"-Wl,-rpath,{lib}", "-o", str(built)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -287,13 +283,13 @@ def start(on_cpu: bool, first_phase: str = "startup") -> None:
 
 
 def peak_memory_mib() -> float:
-    """The figure every metrics line carries: peak accelerator memory of this rank, or its
-    peak resident memory on CPU."""
+    """The figure every metrics line carries (to 0.1 MiB): peak accelerator memory of this
+    rank, or its peak resident memory on CPU."""
     import torch
 
     if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return rss_peak_bytes() / 2**20
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(rss_peak_bytes() / 2**20, 1)
 
 
 def record_memory(trainer: Any, run_dir: RunDir, plan: PlanRecord) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class MetricsCallback(TrainerCallback):
         if not logs:
             return
         self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
-        logs["peak_memory_mib"] = round(memtrace.peak_memory_mib(), 1)
+        logs["peak_memory_mib"] = memtrace.peak_memory_mib()
         # Every rank logs the training loss at the same steps: the busy times meet there.
         times = self.step_times.gather() if "loss" in logs else None
         if not state.is_world_process_zero:
@@ -80,8 +80,7 @@ class MetricsCallback(TrainerCallback):
         (launcher/timing.py) and its console line."""
         if not state.is_world_process_zero:
             return
-        self.run_dir.append_metrics(
-            self._event(event, figures, state, round(memtrace.peak_memory_mib(), 1)))
+        self.run_dir.append_metrics(self._event(event, figures, state, memtrace.peak_memory_mib()))
         line = timing.startup_line if event == "startup" else timing.finish_line
         print(line(figures), flush=True)
 
@@ -133,7 +132,7 @@ class MetricsCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.run_dir.write_rank_metrics(RankMetrics(
-            args.process_index, round(memtrace.peak_memory_mib(), 1),
+            args.process_index, memtrace.peak_memory_mib(),
             int(state.num_input_tokens_seen or 0)))
 
 
