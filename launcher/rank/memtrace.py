@@ -218,10 +218,9 @@ class PhasePeaks:
     tracker: Tracker | None = None
     problem: str | None = None
     current: str | None = None
-    peaks: dict[str, int] = field(default_factory=dict)
-    reserved: dict[str, int] = field(default_factory=dict)
-    rss: dict[str, int] = field(default_factory=dict)
-    """Process peak RSS at the end of each phase (cumulative: RSS has no reset)."""
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per phase: peak_bytes, rss_peak_bytes (the process's peak RSS at the phase's end:
+    RSS has no reset) and, on GPUs, reserved_peak_bytes."""
 
     def phase(self, name: str | None) -> None:
         if self.tracker is None:
@@ -238,12 +237,12 @@ class PhasePeaks:
     def _close(self) -> None:
         if self.current is None or self.tracker is None:
             return
-        name = self.current
-        self.peaks[name] = max(self.peaks.get(name, 0), self.tracker.peak())
+        record = self.phases.setdefault(self.current, {})
+        record["peak_bytes"] = max(record.get("peak_bytes", 0), self.tracker.peak())
+        record["rss_peak_bytes"] = rss_peak_bytes()
         reserved = self.tracker.reserved_peak()
         if reserved is not None:
-            self.reserved[name] = max(self.reserved.get(name, 0), reserved)
-        self.rss[name] = rss_peak_bytes()
+            record["reserved_peak_bytes"] = max(record.get("reserved_peak_bytes", 0), reserved)
 
     def summary(self) -> dict[str, Any]:
         """Closes the open phase and returns the record for metrics/rank<R>.json."""
@@ -251,16 +250,13 @@ class PhasePeaks:
             return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
                     "problem": self.problem}
         self.phase(None)
+        phases = {name: dict(record) for name, record in self.phases.items()}
         record: dict[str, Any] = {
-            "peak_bytes": max(self.peaks.values(), default=0),
-            "rss_peak_bytes": rss_peak_bytes(),
-            "phases": {name: {"peak_bytes": peak, "rss_peak_bytes": self.rss.get(name)}
-                       for name, peak in self.peaks.items()},
-        }
-        if self.reserved:
-            record["reserved_peak_bytes"] = max(self.reserved.values())
-            for name, reserved in self.reserved.items():
-                record["phases"][name]["reserved_peak_bytes"] = reserved
+            "peak_bytes": max((p["peak_bytes"] for p in phases.values()), default=0),
+            "rss_peak_bytes": rss_peak_bytes(), "phases": phases}
+        reserved = [p["reserved_peak_bytes"] for p in phases.values() if "reserved_peak_bytes" in p]
+        if reserved:
+            record["reserved_peak_bytes"] = max(reserved)
         return record
 
 
