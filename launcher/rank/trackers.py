@@ -168,10 +168,9 @@ def log_params(runs: TrackerRuns, params: dict[str, Any]) -> None:
             wandb.run.config.update(params, allow_val_change=True)
     if runs.mlflow is not None:
         import mlflow
-        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-        items = [(key, str(value)[:MAX_PARAM_VAL_LENGTH]) for key, value in params.items()]
-        for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-            # asynchronous, as the integration logs: a tracker's trouble never stops training
-            mlflow.log_params(dict(items[start:start + MAX_PARAMS_TAGS_PER_BATCH]),
-                              synchronous=False)
+        # Asynchronous, as the integration logs: a tracker's trouble never stops training.
+        # MLflow splits the batch into requests it accepts (MAX_PARAMS_TAGS_PER_BATCH).
+        mlflow.log_params({key: str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in params.items()},
+                          synchronous=False)
