@@ -76,22 +76,14 @@ def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_L
                 old.append(lock)
         except OSError:
             continue  # the build just finished
-    if not old:  # every DeepSpeed rank asks at start-up: /proc is read only when it matters
+    if not old:  # every DeepSpeed rank asks at start-up: processes are read only when it matters
         return []
-    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
+    if building is None:  # the working directories of this host's processes we may read
+        import psutil
+
+        building = [Path(p.info["cwd"]) for p in psutil.process_iter(["cwd"]) if p.info["cwd"]]
+    busy = {p.resolve() for p in building}
     return [lock for lock in old if lock.parent.resolve() not in busy]
-
-
-def build_dirs_in_use() -> set[Path]:
-    """Working directories of this host's processes (those we may read): ninja and the
-    compiler run in the op's build directory."""
-    found = set()
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            found.add(Path(os.readlink(proc / "cwd")))
-        except OSError:
-            continue
-    return found
 
 
 class StaleBuildLock(RuntimeError):
