@@ -64,15 +64,15 @@ def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
         environ["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), path]))
 
 
-def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_LOCK_S,
+def stale_locks(root: Path, now: float | None = None,
                 building: Iterable[Path] | None = None) -> list[Path]:
-    """The `<root>/<op>/lock` files older than `max_age_s` whose op nobody on this host is
+    """The `<root>/<op>/lock` files older than STALE_LOCK_S whose op nobody on this host is
     building (a running build's compiler runs with its cwd in the op's directory)."""
     now = time.time() if now is None else now
     old = []
     for lock in sorted(root.glob("*/lock")):
         try:
-            if now - lock.stat().st_mtime > max_age_s:
+            if now - lock.stat().st_mtime > STALE_LOCK_S:
                 old.append(lock)
         except OSError:
             continue  # the build just finished

@@ -47,13 +47,11 @@ class Watchdog:
 
     def __init__(self, run_dir: RunDir, rank: int, world_size: int, step_bound_s: float,
                  first_bound_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 exit_process: Callable[[int], None] | None = None,
                  cleanup: Callable[[], None] | None = None) -> None:
         self.run_dir = run_dir
         self.rank, self.world_size = rank, world_size
         self.step_bound_s, self.first_bound_s = step_bound_s, first_bound_s
         self.clock = clock
-        self.exit_process = exit_process or exit_now
         self.cleanup = cleanup
         self.step = 0
         self.stepped = False
@@ -104,7 +102,7 @@ class Watchdog:
         self.wait_for_peers(PEER_GRACE_S)
         if self.cleanup is not None:
             self.cleanup()
-        self.exit_process(HUNG_EXIT)
+        exit_now(HUNG_EXIT)
 
     def write(self, waited: float) -> str:
         """hang/rank-<R>.txt, the flight recorder, then rank-<R>.json (last: its presence
