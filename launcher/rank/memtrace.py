@@ -264,8 +264,8 @@ PHASES = PhasePeaks()
 """This process's phases: nothing is measured until `start` installs its tracker."""
 
 
-def start(on_cpu: bool, first_phase: str = "startup") -> None:
-    """Install this process's tracker (once) and open `first_phase`; when live bytes cannot
+def start(on_cpu: bool) -> None:
+    """Install this process's tracker (once) and open phase "startup"; when live bytes cannot
     be measured, the run records RSS only and its summary says why."""
     if PHASES.tracker is not None:
         return
@@ -275,7 +275,7 @@ def start(on_cpu: bool, first_phase: str = "startup") -> None:
         PHASES.problem = str(exc)
         print(f"[ftl] memory: live tensor bytes not measured ({exc})", file=sys.stderr)
         return
-    PHASES.phase(first_phase)
+    PHASES.phase("startup")
 
 
 def peak_memory_mib() -> float:

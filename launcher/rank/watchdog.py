@@ -99,7 +99,7 @@ class Watchdog:
         print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
               f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
               f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
-        self.wait_for_peers(PEER_GRACE_S)
+        self.wait_for_peers()
         if self.cleanup is not None:
             self.cleanup()
         exit_now(HUNG_EXIT)
@@ -117,8 +117,8 @@ class Watchdog:
                                     threading.main_thread().ident or 0, recorder))
         return str(files.hang_stacks(self.rank))
 
-    def wait_for_peers(self, grace_s: float) -> None:
-        deadline = self.clock() + grace_s
+    def wait_for_peers(self) -> None:
+        deadline = self.clock() + PEER_GRACE_S
         while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
             time.sleep(0.05)
 
