@@ -183,8 +183,7 @@ class Breakdown(TrainerCallback):
     def _tracker(self) -> Any:
         from launcher.rank import memtrace
 
-        phases = memtrace.current()
-        return phases.tracker if phases is not None else None
+        return memtrace.PHASES.tracker
 
     def _moment(self, name: str, split: bool = False) -> None:
         tracker = self._tracker()

@@ -1,14 +1,7 @@
-"""Which checkpoint a run resumes from, and what makes a checkpoint complete.
-
-The Trainer writes `checkpoint-N/` piece by piece from every rank (model, optimizer
-shards, scheduler, RNG states, trainer_state.json). A crash in the middle leaves a
-directory that looks like a checkpoint but cannot be resumed from. So a checkpoint counts
-only once rank 0 has written the COMPLETE marker (launcher/rundir: its reader and writer),
-which it does after a barrier at the end of the save (launcher/rank/callbacks/checkpoint_marker.py),
-i.e. after every rank has finished writing.
-
-The second half writes the final model (RUN_DIR/model) as a plain HF directory whatever the
-strategy: gathered under ZeRO-3, a full state dict under FSDP2, LoRA merged into the base.
+"""Which checkpoint a run resumes from and what makes one complete: its COMPLETE marker,
+which rank 0 writes after every rank has written its part (callbacks/checkpoint_marker.py),
+so a crash in the middle of a save never leaves a checkpoint to resume from. Then the final
+model (RUN_DIR/model), a plain HF directory whatever the strategy.
 
 No torch import at module level: the CLI and the Slurm code call
 `latest_complete_checkpoint` too; the export functions import what they need.

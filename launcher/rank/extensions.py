@@ -1,17 +1,14 @@
 """DeepSpeed's JIT-built ops: one build cache per environment, built once, never waited on
 forever.
 
-DeepSpeed compiles its C++ ops (on CPU: the shared-memory all-reduce deepspeed_shm_comm,
-cpu_adam for offload, fused_adam) with torch.utils.cpp_extension on first use, into
-TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions/py311_cpu/<op>: one directory per
-user for every environment with that Python. The build.ninja written there names the
-environment's own include and library paths (…/.venv/lib/python3.11/site-packages/torch/
-include, …/deepspeed/ops/csrc/…), so two environments (a checkout and a CI clean clone, a
-bench venv) each see the other's build.ninja as changed and rebuild the op, 75 s mid-run
-on 2 cores; two ninja versions do the same within one environment (`use_own_ninja`). So
-the ranks use `<sys.prefix>/torch_extensions` (the environment's own, unless the user set
-TORCH_EXTENSIONS_DIR) with the environment's ninja, and `make ops` builds the CPU ops
-there once (`python -m launcher.rank.extensions`).
+DeepSpeed compiles its C++ ops (on CPU: the shared-memory all-reduce, cpu_adam) with
+torch.utils.cpp_extension on first use, by default into ~/.cache/torch_extensions/<py>_cpu/:
+one directory for every environment with that Python. Its build.ninja names the
+environment's own paths, so two environments (a checkout and a CI clone) each take the
+other's build for a changed one and rebuild the op: 75 s mid-run on 2 cores. So the ranks
+use `<sys.prefix>/torch_extensions` (unless the user set TORCH_EXTENSIONS_DIR) with the
+environment's ninja, and `make ops` builds the CPU ops there once
+(`python -m launcher.rank.extensions`).
 
 A build holds `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) and every other
 process waits for that file to go, forever: a killed build leaves it behind. A rank checks
@@ -23,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 
 ENV = "TORCH_EXTENSIONS_DIR"
@@ -38,19 +35,13 @@ STALE_LOCK_S = 300.0
 (building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""
 
 
-def extensions_dir(environ: Mapping[str, str] | None = None, prefix: str = sys.prefix) -> Path:
-    """The user's TORCH_EXTENSIONS_DIR, else this environment's own build cache (the
-    environment read at the call: datasets' multi-process map replaces os.environ)."""
-    environ = os.environ if environ is None else environ
-    return Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
-
-
 def use_own_build_cache(environ: MutableMapping[str, str] | None = None,
                         prefix: str = sys.prefix) -> Path:
-    """Point torch's JIT builds at `extensions_dir`, built by this environment's own ninja
-    (before DeepSpeed builds or loads an op)."""
+    """Point torch's JIT builds at the user's TORCH_EXTENSIONS_DIR, else this environment's
+    own build cache, built by its own ninja (before DeepSpeed builds or loads an op). The
+    environment is read at the call: datasets' multi-process map replaces os.environ."""
     environ = os.environ if environ is None else environ
-    directory = extensions_dir(environ, prefix)
+    directory = Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
     environ.setdefault(ENV, str(directory))
     use_own_ninja(environ, prefix)
     return directory
@@ -73,34 +64,26 @@ def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
         environ["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), path]))
 
 
-def stale_locks(root: Path, now: float | None = None, max_age_s: float = STALE_LOCK_S,
+def stale_locks(root: Path, now: float | None = None,
                 building: Iterable[Path] | None = None) -> list[Path]:
-    """The `<root>/<op>/lock` files older than `max_age_s` whose op nobody on this host is
+    """The `<root>/<op>/lock` files older than STALE_LOCK_S whose op nobody on this host is
     building (a running build's compiler runs with its cwd in the op's directory)."""
     now = time.time() if now is None else now
     old = []
     for lock in sorted(root.glob("*/lock")):
         try:
-            if now - lock.stat().st_mtime > max_age_s:
+            if now - lock.stat().st_mtime > STALE_LOCK_S:
                 old.append(lock)
         except OSError:
             continue  # the build just finished
-    if not old:  # every DeepSpeed rank asks at start-up: /proc is read only when it matters
+    if not old:  # every DeepSpeed rank asks at start-up: processes are read only when it matters
         return []
-    busy = {p.resolve() for p in (build_dirs_in_use() if building is None else building)}
+    if building is None:  # the working directories of this host's processes we may read
+        import psutil
+
+        building = [Path(p.info["cwd"]) for p in psutil.process_iter(["cwd"]) if p.info["cwd"]]
+    busy = {p.resolve() for p in building}
     return [lock for lock in old if lock.parent.resolve() not in busy]
-
-
-def build_dirs_in_use() -> set[Path]:
-    """Working directories of this host's processes (those we may read): ninja and the
-    compiler run in the op's build directory."""
-    found = set()
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            found.add(Path(os.readlink(proc / "cwd")))
-        except OSError:
-            continue
-    return found
 
 
 class StaleBuildLock(RuntimeError):
@@ -143,5 +126,5 @@ def prebuild(builders: Iterable[str] = CPU_OPS) -> list[str]:
 if __name__ == "__main__":
     started = time.time()
     ops = prebuild()
-    print(f"DeepSpeed ops in {extensions_dir()}: {', '.join(ops) or 'none (not a CPU build)'} "
+    print(f"DeepSpeed ops in {os.environ[ENV]}: {', '.join(ops) or 'none (not a CPU build)'} "
           f"({time.time() - started:.0f} s)")

@@ -17,18 +17,12 @@ def import_stack(cfg: RunConfig, builds_data: bool = False) -> None:
     """Import what this run uses now, so the imports show as a phase of their own instead
     of inflating whichever step needs them first; and keep out what it never uses.
 
-    The libraries import what is installed, not what a run uses, and offer no switch:
-    transformers.trainer imports `datasets` (with pandas) and peft whenever they are
-    installed, peft imports bitsandbytes (which torch.compiles its CPU kernels at import),
-    accelerate imports deepspeed: ~0.5-5 s of CPU per rank each on 2 cores
-    (docs/stack-notes.md, "Import costs"). So the libraries this run never touches
-    (`unused_libraries`) are marked absent in sys.modules (None: `find_spec` answers None,
-    `import` raises ImportError) and their availability checks say no. That is the
-    narrowest form there is: only libraries the run's own code path never imports, only
-    in a rank, only while none of them is imported yet (so no library saw them available
-    first). (Which libraries a process imported also used to decide glibc's malloc
-    thresholds, and with them ~10 % of a CPU step: the worker now fixes those itself,
-    training.keep_freed_memory.)"""
+    The libraries import what is installed, not what a run uses, and offer no switch
+    (transformers.trainer imports datasets and peft, peft imports bitsandbytes: ~0.5-5 s
+    of CPU per rank each, docs/stack-notes.md, "Import costs"). So `unused_libraries` are
+    marked absent in sys.modules (None: `import` raises ImportError, and the availability
+    checks say no): only in a rank, and only while none of them is imported yet, so no
+    library saw them available first."""
     hidden = unused_libraries(cfg, builds_data)
     if not any(name in sys.modules for name in (*HEAVY, *hidden)):
         for name in hidden:

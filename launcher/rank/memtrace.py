@@ -1,25 +1,11 @@
 """Per-rank peak memory as live tensor bytes, per phase of a run.
 
-GPU: torch.cuda's allocator statistics (max_memory_allocated / max_memory_reserved, the
-peak reset at each phase boundary).
-
-CPU: torch 2.13 keeps no CPU allocator statistics (torch.cpu has none, torch.accelerator's
-are for accelerators only, and the profiler's memory events count only what is allocated
-while it profiles, on threads carrying its state, at the cost of recording every op). So
-the worker wraps torch's CPU allocator: COUNTING_ALLOCATOR_SOURCE, a few lines of C++
-compiled once with the system compiler against torch's own headers (~2 s, cached under
-FTL_CACHE_DIR or ~/.cache/ftlaunch) and loaded with ctypes, forwards every allocation to
-the allocator it replaces and keeps the live byte count and its high-water mark under one
-mutex: +0.06-0.09 us per allocation, nothing per op (a training step of the tiny
-Llama makes ~550 allocations: ~0.1 % of it; docs/memory-notes.md). It sees every CPU
-tensor storage made through c10's CPU allocator after `start` (parameters, gradients,
-optimizer states, activations, engine flat buffers and buckets, DDP's reducer buckets,
-gloo's output tensors); not memory from elsewhere (numpy arrays wrapped by from_numpy,
-mmap'ed files, Python objects, the libraries' own C++ heaps): RSS is recorded beside it.
-
-`start` once per process, before the model exists; `phase(name)` at each boundary; the
-summary goes to metrics/rank<R>.json. Without a compiler the CPU figure is None and only
-RSS is recorded.
+GPU: torch.cuda's allocator statistics, the peak reset at each phase boundary. CPU: torch
+keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator with
+COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler, cached under
+FTL_CACHE_DIR or ~/.cache/ftlaunch, loaded with ctypes; +0.06-0.09 us per allocation).
+Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
+docs/memory-notes.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
 
 from __future__ import annotations
@@ -31,9 +17,11 @@ import resource
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+from launcher.rundir import PlanRecord, RankMetrics, RunDir
 
 COUNTING_ALLOCATOR_SOURCE = r"""
 #include <c10/core/Allocator.h>
@@ -116,26 +104,14 @@ class Tracker(Protocol):
 # ---------------------------------------------------------------- the CPU counter
 
 
-def cache_dir() -> Path:
-    from launcher.config.compose import cache_home
-
-    return cache_home()
-
-
 def library_path(torch_dir: Path, torch_version: str) -> Path:
     """Where the compiled counter for this source and this torch lives."""
+    from launcher.config.compose import cache_home
+
     key = hashlib.sha256(
         f"{COUNTING_ALLOCATOR_SOURCE}\0{torch_version}\0{torch_dir}".encode()
     ).hexdigest()[:16]
-    return cache_dir() / "memtrace" / f"counting-{key}.so"
-
-
-def compile_command(source: Path, out: Path, torch_dir: Path, cxx11_abi: bool) -> list[str]:
-    compiler = os.environ.get("CXX", "c++")
-    lib = torch_dir / "lib"
-    return [compiler, "-O2", "-shared", "-fPIC", "-std=c++17",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}", f"-I{torch_dir / 'include'}",
-            str(source), f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(out)]
+    return cache_home() / "memtrace" / f"counting-{key}.so"
 
 
 def build_library() -> Path:
@@ -144,6 +120,7 @@ def build_library() -> Path:
     import torch
 
     torch_dir = Path(torch.__file__).parent
+    lib = torch_dir / "lib"
     out = library_path(torch_dir, torch.__version__)
     if out.is_file():
         return out
@@ -151,7 +128,10 @@ def build_library() -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         source, built = Path(tmp) / "counting.cpp", Path(tmp) / "counting.so"
         source.write_text(COUNTING_ALLOCATOR_SOURCE)
-        cmd = compile_command(source, built, torch_dir, torch.compiled_with_cxx11_abi())
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", "-std=c++17",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+               f"-I{torch_dir / 'include'}", str(source), f"-L{lib}", "-lc10",
+               f"-Wl,-rpath,{lib}", "-o", str(built)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -232,16 +212,19 @@ class PhasePeaks:
     """Peak live bytes per named phase: `phase(name)` closes the current phase (its peak
     is kept, the maximum when a name recurs, e.g. every steady-state step) and opens the
     next one with the high-water mark reset to what is live now. `rename(name)` re-labels
-    the open phase (the gap after a step becomes "checkpoint" once a save happened in it)."""
+    the open phase (the gap after a step becomes "checkpoint" once a save happened in it).
+    Without a tracker (none installed, or `problem` says why not) only RSS is recorded."""
 
-    tracker: Tracker
+    tracker: Tracker | None = None
+    problem: str | None = None
     current: str | None = None
-    peaks: dict[str, int] = field(default_factory=dict)
-    reserved: dict[str, int] = field(default_factory=dict)
-    rss: dict[str, int] = field(default_factory=dict)
-    """Process peak RSS at the end of each phase (cumulative: RSS has no reset)."""
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per phase: peak_bytes, rss_peak_bytes (the process's peak RSS at the phase's end:
+    RSS has no reset) and, on GPUs, reserved_peak_bytes."""
 
     def phase(self, name: str | None) -> None:
+        if self.tracker is None:
+            return
         self._close()
         self.current = name
         self.tracker.reset_peak()
@@ -252,77 +235,73 @@ class PhasePeaks:
             self.current = name
 
     def _close(self) -> None:
-        if self.current is None:
+        if self.current is None or self.tracker is None:
             return
-        name = self.current
-        self.peaks[name] = max(self.peaks.get(name, 0), self.tracker.peak())
+        record = self.phases.setdefault(self.current, {})
+        record["peak_bytes"] = max(record.get("peak_bytes", 0), self.tracker.peak())
+        record["rss_peak_bytes"] = rss_peak_bytes()
         reserved = self.tracker.reserved_peak()
         if reserved is not None:
-            self.reserved[name] = max(self.reserved.get(name, 0), reserved)
-        self.rss[name] = rss_peak_bytes()
+            record["reserved_peak_bytes"] = max(record.get("reserved_peak_bytes", 0), reserved)
 
     def summary(self) -> dict[str, Any]:
         """Closes the open phase and returns the record for metrics/rank<R>.json."""
+        if self.tracker is None:
+            return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
+                    "problem": self.problem}
         self.phase(None)
+        phases = {name: dict(record) for name, record in self.phases.items()}
         record: dict[str, Any] = {
-            "peak_bytes": max(self.peaks.values(), default=0),
-            "rss_peak_bytes": rss_peak_bytes(),
-            "phases": {name: {"peak_bytes": peak, "rss_peak_bytes": self.rss.get(name)}
-                       for name, peak in self.peaks.items()},
-        }
-        if self.reserved:
-            record["reserved_peak_bytes"] = max(self.reserved.values())
-            for name, reserved in self.reserved.items():
-                record["phases"][name]["reserved_peak_bytes"] = reserved
+            "peak_bytes": max((p["peak_bytes"] for p in phases.values()), default=0),
+            "rss_peak_bytes": rss_peak_bytes(), "phases": phases}
+        reserved = [p["reserved_peak_bytes"] for p in phases.values() if "reserved_peak_bytes" in p]
+        if reserved:
+            record["reserved_peak_bytes"] = max(reserved)
         return record
 
 
-# ---------------------------------------------------------------- the process's tracer
-
-_PHASES: PhasePeaks | None = None
-_PROBLEM: str | None = None
+PHASES = PhasePeaks()
+"""This process's phases: nothing is measured until `start` installs its tracker."""
 
 
-def start(on_cpu: bool, first_phase: str = "startup") -> PhasePeaks | None:
-    """Install this process's tracker (once; later calls return the same one) and open
-    `first_phase`. None, with `problem()` saying why, when live bytes cannot be measured:
-    the run then records RSS only."""
-    global _PHASES, _PROBLEM
-    if _PHASES is not None:
-        return _PHASES
+def start(on_cpu: bool) -> None:
+    """Install this process's tracker (once) and open phase "startup"; when live bytes cannot
+    be measured, the run records RSS only and its summary says why."""
+    if PHASES.tracker is not None:
+        return
     try:
-        tracker: Tracker = CpuTracker.install() if on_cpu else CudaTracker()
+        PHASES.tracker = CpuTracker.install() if on_cpu else CudaTracker()
     except MemtraceUnavailable as exc:
-        _PROBLEM = str(exc)
+        PHASES.problem = str(exc)
         print(f"[ftl] memory: live tensor bytes not measured ({exc})", file=sys.stderr)
-        return None
-    _PHASES = PhasePeaks(tracker)
-    _PHASES.phase(first_phase)
-    return _PHASES
+        return
+    PHASES.phase("startup")
 
 
-def phase(name: str) -> None:
-    """Open phase `name` (a no-op when nothing was started)."""
-    if _PHASES is not None:
-        _PHASES.phase(name)
+def peak_memory_mib() -> float:
+    """The figure every metrics line carries (to 0.1 MiB): peak accelerator memory of this
+    rank, or its peak resident memory on CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(rss_peak_bytes() / 2**20, 1)
 
 
-def rename(name: str, only: str | None = None) -> None:
-    if _PHASES is not None:
-        _PHASES.rename(name, only)
+def record_memory(trainer: Any, run_dir: RunDir, plan: PlanRecord) -> dict[str, Any]:
+    """Every rank, after the final save: its summary into metrics/rank<R>.json ("memory");
+    returns result.json's "memory" with every rank's figures (one all_gather_object)."""
+    import torch.distributed as dist
 
-
-def current() -> PhasePeaks | None:
-    return _PHASES
-
-
-def problem() -> str | None:
-    return _PROBLEM
-
-
-def summary() -> dict[str, Any]:
-    """The per-rank memory record; without a tracker only RSS (and why)."""
-    if _PHASES is None:
-        return {"peak_bytes": None, "rss_peak_bytes": rss_peak_bytes(), "phases": {},
-                "problem": _PROBLEM}
-    return _PHASES.summary()
+    mine = PHASES.summary()
+    rank = trainer.args.process_index
+    record = run_dir.read_rank_metrics(rank) or RankMetrics(rank)
+    run_dir.write_rank_metrics(replace(record, memory=mine))
+    ranks = [mine]
+    if dist.is_available() and dist.is_initialized():
+        ranks = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(ranks, mine)
+    predicted = (plan.estimate or {}).get("peak_bytes")  # live tensor bytes
+    return {"predicted_peak_bytes": int(predicted) if predicted else None,
+            "measured_peak_bytes": [r.get("peak_bytes") for r in ranks],
+            "measured_rss_bytes": [r.get("rss_peak_bytes") for r in ranks]}

@@ -1,31 +1,18 @@
-"""Stop at a step boundary with a complete checkpoint when the Slurm job asks for it.
+"""Stop at a step boundary with a complete checkpoint when asked (docs/design.md, "The
+ranks": who asks, and what RUN_DIR/preempted then tells the batch script and `ftl status`).
 
-The job's USR1 trap (launcher/schedulers/slurm/script.py) touches RUN_DIR/preempt.requested.
-A file, not a signal: `--signal=B:USR1` reaches only the batch shell, and whatever sits
-between srun and the ranks (torchrun's agent, the deepspeed launcher) would otherwise have
-to forward it.
-Every rank polls the file at the same step ends; the ranks then agree with an all-reduce
-(MAX), because a rank that saw the file one step later would enter the checkpoint's
-collectives at a different step than the others and hang. So all ranks save at the same
-step and stop; rank 0 records RUN_DIR/preempted (once that checkpoint is complete) so the
-batch script requeues instead of calling it done.
-
-The ranks vote at the first step end and then about every VOTE_EVERY_S seconds, not at
-every step: an all-reduce costs each step its round trip, about 0.5-2 ms on 2 CPU ranks
-(1-5 % of the tiny model's ~40 ms step, measured by bench/train_overhead.py), while a stop
-within a second or two of the request is as good as one at the next step (Slurm's
-signal_grace_s is minutes). The interval is itself agreed in the vote: each rank proposes
-how many of its recent steps fit in VOTE_EVERY_S and all take the smallest, so every rank
-votes at the same steps. A single process (no group) checks the file at every step end.
-
-Signals (issue: lose nothing): SIGTERM and SIGINT that reach a rank itself (torchrun and
-the deepspeed launcher forward theirs, with 30 s before they kill; Slurm and Kubernetes
-signal every process) are a stop request too: `stop_on_signals` makes them set a flag that
-the same vote reads, so the ranks save at the same step and stop. A repeated signal changes
-nothing on a rank (the launchers forward what the ranks already got); aborting at once is
-the job of the process the user talks to (`ftl train`: a second Ctrl-C kills the ranks).
-A stop for a signal also touches preempt.requested, so a batch script whose shell was not
-signalled still requeues.
+A request is a file, RUN_DIR/preempt.requested (the Slurm job's USR1 trap touches it:
+`--signal=B:USR1` reaches only the batch shell, and torchrun's agent or the deepspeed
+launcher between srun and the ranks would have to forward a signal), or SIGTERM/SIGINT
+reaching the rank itself (`stop_on_signals`). The ranks agree by an all-reduce (MAX): a
+rank that saw it one step later would enter the checkpoint's collectives at another step
+than the others and hang. They vote at the first step end and then about every
+VOTE_EVERY_S, not at every step: an all-reduce costs each step about 0.5-2 ms on 2 CPU
+ranks (1-5 % of the tiny model's ~40 ms step, bench/train_overhead.py), while Slurm's
+signal_grace_s is minutes. Each rank proposes how many of its recent steps fit in
+VOTE_EVERY_S and all take the smallest, so every rank votes at the same steps. A repeated
+signal changes nothing (the launchers forward what the ranks already got): aborting at
+once is the job of the process the user talks to (`ftl train`: a second Ctrl-C).
 """
 
 from __future__ import annotations
@@ -49,43 +36,33 @@ MAX_VOTE_INTERVAL = 100
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class SignalFlag:
-    """The first stop signal this process received (its name), set by the handler."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum).name
-            print(f"[ftl] {self.received}: saving a checkpoint at the next agreed step "
-                  "boundary, then stopping", flush=True)
+_received: str | None = None
+"""The first stop signal this process received (its name)."""
 
 
-SIGNALLED = SignalFlag()
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signal.Signals(signum).name
+        print(f"[ftl] {_received}: saving a checkpoint at the next agreed step boundary, "
+              "then stopping", flush=True)
 
 
-def stop_on_signals(flag: SignalFlag = SIGNALLED) -> None:
+def stop_on_signals() -> None:
     """From now on SIGTERM and SIGINT ask for a stop at a step boundary (main thread only:
     Python runs handlers there). Installed just before training: a signal earlier loses
     no work, so it keeps its default meaning."""
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
-            signal.signal(signum, flag.handle)
+            signal.signal(signum, _on_signal)
 
 
 class PreemptCallback(TrainerCallback):
-    """Save and stop at a step end once RUN_DIR/preempt.requested exists: at the next vote
-    (about a second later at most) when there are several ranks, at once for one process.
+    """Save and stop at a step end once a stop is requested: at the next vote when there
+    are several ranks, at once for one process (no group: the file at every step end)."""
 
-    After `trainer.train()` returns, `preempted` says whether the run stopped early: the
-    worker then skips its final evaluation/model save and exits 0 (the checkpoint is the
-    state to resume from; the requeued job finishes the run).
-    """
-
-    def __init__(self, run_dir: RunDir, signals: SignalFlag = SIGNALLED) -> None:
+    def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
-        self.signals = signals
         self.preempted = False
         self.next_vote = 0  # global step of the next vote (every rank computes the same)
         self._last_vote: tuple[int, float] | None = None  # (step, monotonic time)
@@ -110,10 +87,9 @@ class PreemptCallback(TrainerCallback):
         control.should_save = True
         control.should_training_stop = True
         if state.is_world_process_zero:
-            reason = self.signals.received or "preempt.requested"
-            if self.signals.received:  # now: the batch script requeues on it even if the
-                self.run_dir.preempt_requested.touch()  # save is cut short
-            print(f"[ftl] stop requested ({reason}): saving checkpoint-{state.global_step} "
+            if _received:  # now: the batch script requeues on it even if the save is cut short
+                self.run_dir.preempt_requested.touch()
+            print(f"[ftl] stop requested ({_reason()}): saving checkpoint-{state.global_step} "
                   "and stopping; a relaunch (or the requeued job) resumes from it", flush=True)
 
     def on_train_end(
@@ -123,8 +99,7 @@ class PreemptCallback(TrainerCallback):
         complete (the save and its COMPLETE marker come before the Trainer's train end), so
         `ftl status` never reports a stop at a checkpoint that a kill cut short."""
         if self.preempted and state.is_world_process_zero:
-            reason = self.signals.received or "preempt.requested"
-            self.run_dir.write_preempted(Preempted(state.global_step, time.time(), reason))
+            self.run_dir.write_preempted(Preempted(state.global_step, time.time(), _reason()))
 
     def _proposed_interval(self, step: int) -> int:
         """Steps until the next vote that this rank proposes: how many of its steps since
@@ -137,7 +112,11 @@ class PreemptCallback(TrainerCallback):
         return max(1, min(MAX_VOTE_INTERVAL, int(VOTE_EVERY_S / per_step)))
 
     def requested(self) -> bool:
-        return self.signals.received is not None or self.run_dir.preempt_requested.exists()
+        return _received is not None or self.run_dir.preempt_requested.exists()
+
+
+def _reason() -> str:
+    return _received or "preempt.requested"
 
 
 def vote(flag: bool, interval: int) -> tuple[bool, int]:

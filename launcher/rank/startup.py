@@ -1,23 +1,10 @@
-"""Joining the process group within `cluster.startup_timeout_s`, or saying who never came.
+"""Joining the process group within `cluster.startup_timeout_s`, or saying who never came
+(docs/design.md, "Start-up": the records, the check-in, the timeout handed over after).
 
-Every rank writes RUN_DIR/startup/rank-<R>.json (host, pid, node, the MASTER_ADDR and
-MASTER_PORT it was told) and then joins with the bound as the process group's timeout.
-A join cut short by the bound, or a rank whose peers do not all check in on the
-rendezvous store within it, raises `StartupError`: one line naming the ranks (and their
-nodes) that never joined, the address and port, and what each missing rank left behind
-(a record: it started but could not connect; none: it never got that far, or the run dir
-is not the same directory on its node). The worker writes it to logs/rank<R>.error, which
-`ftl train` prints.
-
-The group keeps the bound as its timeout until the worker hands it the Trainer's
-(`collective_timeout(args.ddp_timeout)`, what accelerate would have given the group it
-no longer creates), so a slow checkpoint save is not cut short by a start-up bound.
-
-Multi-node torchrun meets its nodes in its own rendezvous before any rank exists;
-launcher/run/command.py gives that `join_timeout` the same bound. A batch job's node task
-writes RUN_DIR/startup/node-<N>.json as it starts its launcher, and after a failed step the
-job runs `python -m launcher.rank.startup RUN_DIR` (`diagnose`): the nodes whose launcher
-never started, or the ranks that never came although their node's launcher did.
+`StartupError`'s one line reaches logs/rank<R>.error, which `ftl train` prints. A batch
+job's node task writes RUN_DIR/startup/node-<N>.json as it starts its launcher; after a
+failed step the job runs `python -m launcher.rank.startup RUN_DIR` (`diagnose`): the nodes
+whose launcher never started, or the ranks that never came although their node's did.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
-"""Experiment trackers on the ranks (train.report_to): one tracker run per training run,
-continued by every launch that resumes it; rank 0 only.
+"""Experiment trackers on rank 0 (train.report_to): one tracker run per training run,
+continued by every launch that resumes it, with the run's facts as params.
 
-The logging itself is the HF Trainer's own integrations (transformers' TensorBoardCallback,
-WandbCallback, MLflowCallback: TrainingArguments, the model config, every log event). This
-module adds what makes a tracker run *this* run:
-
-- Identity. Rank 0 opens the tracker runs before `trainer.train()` and records their ids in
-  RUN_DIR/trackers.json (`TrackerRuns`). A launch that resumes a checkpoint continues the
-  tracker runs recorded in the run dir that holds that checkpoint: a Slurm requeue, this
-  run dir; `ftl train` again or another world size, the earlier run dir. A launch that
-  starts from step 0 opens new ones (continuing would log its steps a second time).
-  wandb: WANDB_RUN_ID + WANDB_RESUME=allow, read by the wandb.init its callback calls.
-  MLflow: `mlflow.start_run(run_id=...)` here, so MLflowCallback finds the run active and
-  neither starts one nor ends it at train end (it would, and the worker's final eval,
-  after train(), would then log into a second, new run).
-- The run's facts (callbacks/tracker_params.py): the resolved config, strategy, world
-  size and the estimate once per tracker run, and per launch its world size, first step
-  and start-up seconds (launcher/timing.py), as wandb config and MLflow params. MLflow
-  refuses to change a logged param, so a resumed launch logs only its own
-  `ftl.launch.<N>.*` keys, and the integration's TrainingArguments (whose output_dir
-  differs per run dir) not again.
-- Closing. The worker leaves with os._exit, where no atexit hook runs: `close_runs` ends
-  the runs (MLflow flushes its asynchronous logging on end_run) before that.
-
-Credentials (WANDB_API_KEY, MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN) and the tracking URI
-are read by the libraries from the environment; nothing here writes them anywhere.
+The logging itself is the HF Trainer's own integrations (TensorBoardCallback, WandbCallback,
+MLflowCallback); this module opens their runs before `trainer.train()`, records the ids in
+RUN_DIR/trackers.json, logs the run's facts (`TrackerParams`) and ends the runs before the
+worker's os._exit (no atexit hook runs there). How a resume finds its runs and why MLflow's
+run is started here: docs/design.md, "Trackers". Credentials and the tracking URI stay in
+the environment, read by the libraries; nothing here writes them anywhere.
 """
 
 from __future__ import annotations
@@ -36,6 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from launcher import timing
 from launcher.config.schema import RunConfig
 from launcher.config.trackers import default_mlflow_uri, requested
 from launcher.rundir import PlanRecord, RunDir, TrackerRuns
@@ -53,8 +39,6 @@ def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
     the run's facts (after the integrations': they have set up by its on_train_begin)."""
     if not trainer.is_world_process_zero():
         return
-    from launcher.rank.callbacks.tracker_params import TrackerParams
-
     runs = open_runs(cfg, run_dir, resume)
     if runs is not None:
         trainer.add_callback(TrackerParams(cfg, plan, run_dir, runs))
@@ -119,3 +103,74 @@ def close_runs(finished: bool) -> None:
         wandb.teardown()  # its service process, which would outlive os._exit
     if (mlflow := sys.modules.get("mlflow")) is not None and mlflow.active_run() is not None:
         mlflow.end_run("FINISHED" if finished else "KILLED")
+
+
+class TrackerParams(TrainerCallback):
+    """Rank 0, into the runs `open_runs` opened: once per tracker run the resolved config
+    (its keys as typed: train.lr), strategy, world size and estimate (ftl.*); per launch N
+    its world size, first step and start-up seconds (ftl.launch.N.*: MLflow never changes
+    a logged param)."""
+
+    def __init__(self, cfg: RunConfig, plan: PlanRecord, run_dir: RunDir,
+                 runs: TrackerRuns) -> None:
+        self.cfg, self.plan, self.run_dir, self.runs = cfg, plan, run_dir, runs
+        self.prefix = f"ftl.launch.{runs.launches - 1}."
+        self.startup_logged = False
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, **kwargs: Any) -> None:
+        params: dict[str, Any] = {}
+        if self.runs.launches == 1:
+            params = run_params(self.cfg, self.plan, args.world_size)
+        params[self.prefix + "world_size"] = args.world_size
+        params[self.prefix + "start_step"] = state.global_step
+        log_params(self.runs, params)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        if self.startup_logged:
+            return
+        self.startup_logged = True  # this launch's first step: its start-up is complete
+        startup = timing.rank_startup(str(self.run_dir.path))
+        log_params(self.runs, {f"{self.prefix}startup.{param_name(k)}": v
+                               for k, v in startup.items()})
+
+
+def param_name(phase: str) -> str:
+    """A start-up phase as a key both trackers take: `plan+run dir` -> `plan_run_dir`
+    (MLflow refuses `+` in a param name)."""
+    return phase.replace("+", "_").replace(" ", "_")
+
+
+def run_params(cfg: RunConfig, plan: PlanRecord, world_size: int) -> dict[str, Any]:
+    """The resolved config (dotted keys as typed), strategy, world size and estimate."""
+    params = flatten(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    params["ftl.strategy"] = plan.strategy or cfg.strategy.name
+    params["ftl.world_size"] = world_size
+    params.update(flatten(plan.estimate or {}, "ftl.estimate."))
+    return params
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def log_params(runs: TrackerRuns, params: dict[str, Any]) -> None:
+    if runs.wandb is not None:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.run.config.update(params, allow_val_change=True)
+    if runs.mlflow is not None:
+        import mlflow
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        # Asynchronous, as the integration logs: a tracker's trouble never stops training.
+        # MLflow splits the batch into requests it accepts (MAX_PARAMS_TAGS_PER_BATCH).
+        mlflow.log_params({key: str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in params.items()},
+                          synchronous=False)

@@ -1,24 +1,11 @@
-"""The hang watchdog: a rank that makes no progress within a bound says where it is and
-ends, instead of waiting in a collective until torch's own timeout.
+"""The hang watchdog: a rank that makes no progress within its bound writes where it is
+(RUN_DIR/hang/: every thread's stack, NCCL's flight recorder, a HangRecord) and ends with
+HUNG_EXIT, instead of waiting in a collective until torch's own timeout.
 
-One daemon thread per rank sleeps and compares the time of the last progress (an optimizer
-step, an eval batch, a finished save: `beat`, called by callbacks/progress.py) with the
-bound: train.first_step_timeout_s until the launch's first optimizer step (loading,
-compilation, process-group set-up and the first step), train.hang_timeout_s afterwards.
-When it runs out the thread writes RUN_DIR/hang/rank-<R>.txt (faulthandler: every
-thread's stack; the main thread's is where the rank is stuck), on an NCCL process group
-also torch's flight recorder (rank-<R>.fr.json: the collectives in flight), then the
-HangRecord rank-<R>.json, and exits the process with HUNG_EXIT. The main thread may be
-blocked inside a C++ collective, so nothing here waits for it: os._exit from this thread.
-
-All ranks leave each step's collectives together, so their watchdogs run out within one
-poll of each other. Before exiting a rank waits (at most PEER_GRACE_S) for every rank's
-record: the first rank to exit makes torchrun or the deepspeed launcher kill the others,
-which would otherwise lose their stacks. A rank that never writes (a dead node) costs
-that grace once.
-
-Nothing else runs per step: `beat` stores a float. The launcher reads the records
-(launcher/run/hang_report.py) for `ftl train` and `ftl status`.
+The bounds, the files, the peers' grace and who reads the records: docs/design.md, "Hangs
+and stragglers". The main thread may be blocked inside a C++ collective, so nothing here
+waits for it: the thread exits the process itself. Nothing runs per step but `beat`
+storing a float (callbacks/progress.py).
 """
 
 from __future__ import annotations
@@ -60,13 +47,11 @@ class Watchdog:
 
     def __init__(self, run_dir: RunDir, rank: int, world_size: int, step_bound_s: float,
                  first_bound_s: float, *, clock: Callable[[], float] = time.monotonic,
-                 exit_process: Callable[[int], None] | None = None,
                  cleanup: Callable[[], None] | None = None) -> None:
         self.run_dir = run_dir
         self.rank, self.world_size = rank, world_size
         self.step_bound_s, self.first_bound_s = step_bound_s, first_bound_s
         self.clock = clock
-        self.exit_process = exit_process or _exit_now
         self.cleanup = cleanup
         self.step = 0
         self.stepped = False
@@ -114,10 +99,10 @@ class Watchdog:
         print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
               f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
               f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
-        self.wait_for_peers(PEER_GRACE_S)
+        self.wait_for_peers()
         if self.cleanup is not None:
             self.cleanup()
-        self.exit_process(HUNG_EXIT)
+        exit_now(HUNG_EXIT)
 
     def write(self, waited: float) -> str:
         """hang/rank-<R>.txt, the flight recorder, then rank-<R>.json (last: its presence
@@ -132,8 +117,8 @@ class Watchdog:
                                     threading.main_thread().ident or 0, recorder))
         return str(files.hang_stacks(self.rank))
 
-    def wait_for_peers(self, grace_s: float) -> None:
-        deadline = self.clock() + grace_s
+    def wait_for_peers(self) -> None:
+        deadline = self.clock() + PEER_GRACE_S
         while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
             time.sleep(0.05)
 
@@ -174,10 +159,9 @@ def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s:
                     cleanup=cleanup).start()
 
 
-def _exit_now(code: int) -> None:
-    """The main thread may sit in a C++ collective: leave without it, and without
-    interpreter teardown (nor logging.shutdown: a lock the main thread holds would hang
-    this thread too)."""
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown, from any thread (not logging.shutdown: from
+    the watchdog's thread a lock the main thread holds would hang it too)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,11 +1,6 @@
-"""The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`.
-
-Reads ONLY the run dir (and the tokenized data its plan names) and, top to bottom: config ->
-tokenizer -> data -> process group (rank/startup.py, bounded) -> distributed state ->
-TrainingArguments -> model -> Trainer -> train (resuming from the last complete
-checkpoint) -> evaluate -> save -> result. What each file is and who writes it:
-launcher/rundir/. Nothing here exists for tests: they inject their probes through
-`train.callbacks`.
+"""The per-rank entrypoint: `python -m launcher.rank.worker RUN_DIR`, the recipe
+(docs/design.md, "The ranks"). It reads ONLY the run dir and the tokenized data its plan
+names. Nothing here exists for tests: they inject their probes through `train.callbacks`.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_f
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
 
@@ -76,7 +72,10 @@ def train(run_dir: RunDir) -> NoReturn:
     # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
     imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
-    quiet_progress_bars()
+    from transformers.utils import logging as hf_logging  # after import_stack
+    # Loading/saving bars from every rank garble the launcher's console; MetricsCallback
+    # reports the steps (a rank that tokenizes turns off datasets' bars: data.encode_splits).
+    hf_logging.disable_progress_bar()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
@@ -99,10 +98,10 @@ def train(run_dir: RunDir) -> NoReturn:
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
-    memtrace.phase("model")
+    memtrace.PHASES.phase("model")
     model = apply_peft(build_model(cfg, tokenizer), cfg)
     timing.mark("model_built")
-    memtrace.phase("engine")  # the Trainer, the engine, up to the first step
+    memtrace.PHASES.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
@@ -113,7 +112,7 @@ def train(run_dir: RunDir) -> NoReturn:
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
-    start_step = _step_of(resume)
+    start_step = (checkpoint_step(resume) or 0) if resume is not None else 0
     from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
     from launcher.rank.trackers import attach, close_runs
 
@@ -127,18 +126,17 @@ def train(run_dir: RunDir) -> NoReturn:
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
         close_runs(finished=False)
         finish()
-    memtrace.phase("final")  # final eval and the final model's save
+    memtrace.PHASES.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
     model_dir = save_final_model(
         trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
     )
     timing.mark("saved")
-    from launcher.rank.callbacks.memory import record_memory
     from launcher.rank.callbacks.metrics import record_finish
 
     record_finish(trainer)
-    memory = record_memory(trainer, run_dir, plan)  # every rank: a collective
+    memory = memtrace.record_memory(trainer, run_dir, plan)  # every rank: a collective
     result = collect_result(trainer, final_eval, resume_text, start_step, model_dir, memory)
     if trainer.is_world_process_zero():
         run_dir.write_result(result)
@@ -147,42 +145,23 @@ def train(run_dir: RunDir) -> NoReturn:
     finish()
 
 
-def quiet_progress_bars() -> None:
-    """Loading/saving bars from every rank garble the launcher's console; steps are
-    reported by MetricsCallback instead. (A rank that tokenizes turns off `datasets`' own
-    bars there, data.encode_splits; the others never import it.)"""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
 BARRIER_STACKS_AFTER_S = 600.0
 """A final barrier this long gets every thread's stack written to the rank's stderr."""
 
 
 def finish() -> NoReturn:
-    """Leave once every file is written: a barrier (every rank is done), this rank's
-    DeepSpeed shared memory, then os._exit from inside train(), whose trainer and model
-    are never freed and whose process group is never torn down (the kernel closes its
-    sockets).
-
-    Returning instead freed the trainer, and the last reference to DDP's reducer destroyed
-    its gloo process group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
-    destructor, under a Python dealloc) with result.json already written, the rank alive
-    and the run never ending. Interpreter teardown could also abort ("terminate called
-    without an active exception", docs/stack-notes.md). The barrier is not cut short: other
-    ranks may still be writing (rank 0 saving a large model); its stacks are written to
-    stderr if it lasts BARRIER_STACKS_AFTER_S."""
+    """Leave once every file is written: a barrier (every rank is done; not cut short, as
+    rank 0 may still save a large model, but its stacks go to stderr after
+    BARRIER_STACKS_AFTER_S), this rank's DeepSpeed shared memory, then os._exit from inside
+    train(). Returning freed the trainer, and the last reference to DDP's reducer destroyed
+    its gloo group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
+    destructor) with result.json written and the run never ending (docs/stack-notes.md)."""
     if dist.is_available() and dist.is_initialized():
         faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
         dist.barrier()
         faulthandler.cancel_dump_traceback_later()
     release_deepspeed_shm()
     exit_now(0)
-
-
-def _step_of(checkpoint: Path | None) -> int:
-    return (checkpoint_step(checkpoint) or 0) if checkpoint is not None else 0
 
 
 def final_evaluation(trainer: Any) -> dict[str, float]:
@@ -226,14 +205,11 @@ def write_error(run_dir: RunDir, text: str) -> None:
 
 
 def exit_now(code: int) -> None:
-    """Leave without interpreter teardown once everything is written and the process
-    group is destroyed: teardown can still abort ("terminate called without an active
-    exception", SIGABRT, seen with DeepSpeed on gloo even after barrier + destroy), which
-    would turn a finished run into a failed one."""
+    """Leave without interpreter teardown once everything is written: teardown can still
+    abort ("terminate called without an active exception", SIGABRT, seen with DeepSpeed on
+    gloo even after barrier + destroy), which would turn a finished run into a failed one."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":

@@ -432,8 +432,8 @@ class LiveBytesProbe(TrainerCallback):
     def _allocated() -> int | None:
         from launcher.rank import memtrace
 
-        phases = memtrace.current()
-        return phases.tracker.allocated() if phases is not None else None
+        tracker = memtrace.PHASES.tracker
+        return tracker.allocated() if tracker is not None else None
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

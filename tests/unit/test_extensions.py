@@ -17,7 +17,7 @@ def test_build_cache_is_the_environments_own_unless_the_user_set_one(tmp_path) -
     env: dict[str, str] = {}
     assert extensions.use_own_build_cache(env) == Path(sys.prefix) / "torch_extensions"
     assert env[extensions.ENV] == str(Path(sys.prefix) / "torch_extensions")
-    assert extensions.extensions_dir({}, prefix="/venv") == Path("/venv/torch_extensions")
+    assert extensions.use_own_build_cache({}, prefix="/venv") == Path("/venv/torch_extensions")
     mine = {extensions.ENV: str(tmp_path)}
     assert extensions.use_own_build_cache(mine) == tmp_path
     assert mine[extensions.ENV] == str(tmp_path)

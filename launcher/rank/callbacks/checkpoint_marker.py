@@ -9,8 +9,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rank.callbacks.memory import peak_memory_mib
 from launcher.rank.checkpoints import barrier
+from launcher.rank.memtrace import peak_memory_mib
 from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
 
 
@@ -48,4 +48,4 @@ class CheckpointCallback(TrainerCallback):
         seconds = round(time.monotonic() - self.since, 3)
         run_dir.append_metrics(MetricsEvent(
             step, run_dir.current_launch(), time.time(), "save",
-            {"seconds": seconds, "bytes": size}, round(peak_memory_mib(), 1)))
+            {"seconds": seconds, "bytes": size}, peak_memory_mib()))

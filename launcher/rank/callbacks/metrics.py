@@ -11,7 +11,6 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from launcher import timing
 from launcher.rank import memtrace
-from launcher.rank.callbacks.memory import peak_memory_mib
 from launcher.rank.callbacks.step_times import StepTimes
 from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 
@@ -19,18 +18,12 @@ from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 class MetricsCallback(TrainerCallback):
     """On every rank it adds tokens/s, achieved TFLOP/s, MFU (GPU only: a CPU has no
     meaningful peak) and peak memory to the Trainer's log dict; installed first, so
-    TensorBoard records these with the loss. Rank 0 also appends the log to metrics.jsonl
-    and prints a one-line progress report (the worker turns tqdm off: bars from several
-    ranks, teed through the launcher, garble the console). At the end each rank writes its
-    peak memory to metrics/rank<R>.json.
-
-    Every launch (first start, requeue, `ftl train` again) is one launches.jsonl line and
-    each metrics line names its launch, so a resume is never mistaken for a restart.
-    At the end of each launch's first step rank 0 prints and records where its start-up
-    went ("startup"); the worker adds "finish" after the final eval and save
-    (launcher/timing.py). Each train log line also carries every rank's busy and forward
-    seconds per step since the previous one ("rank_busy_s", "rank_forward_s",
-    "busy_steps": callbacks/step_times.py)."""
+    TensorBoard records them with the loss. Rank 0 appends each log to metrics.jsonl, with
+    every rank's busy and forward seconds per step (step_times.py), and prints a progress
+    line (tqdm is off: bars from several ranks garble the console). Each launch is one
+    launches.jsonl line and each metrics line names its launch, so a resume is never
+    mistaken for a restart; a launch's start-up phases are recorded at its first step end,
+    the finish phases by the worker (launcher/timing.py)."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:
@@ -64,7 +57,7 @@ class MetricsCallback(TrainerCallback):
         if not logs:
             return
         self._add_throughput(logs, int(state.num_input_tokens_seen or 0), args.world_size)
-        logs["peak_memory_mib"] = round(peak_memory_mib(), 1)
+        logs["peak_memory_mib"] = memtrace.peak_memory_mib()
         # Every rank logs the training loss at the same steps: the busy times meet there.
         times = self.step_times.gather() if "loss" in logs else None
         if not state.is_world_process_zero:
@@ -87,8 +80,7 @@ class MetricsCallback(TrainerCallback):
         (launcher/timing.py) and its console line."""
         if not state.is_world_process_zero:
             return
-        self.run_dir.append_metrics(
-            self._event(event, figures, state, round(peak_memory_mib(), 1)))
+        self.run_dir.append_metrics(self._event(event, figures, state, memtrace.peak_memory_mib()))
         line = timing.startup_line if event == "startup" else timing.finish_line
         print(line(figures), flush=True)
 
@@ -97,24 +89,24 @@ class MetricsCallback(TrainerCallback):
     ) -> None:
         if not timing.MARKS.has("first_step"):
             timing.mark("first_eval")  # train.eval_on_start: before the first step
-        memtrace.rename("eval", only="steady")  # an eval between steps
+        memtrace.PHASES.rename("eval", only="steady")  # an eval between steps
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        memtrace.phase("steady" if timing.MARKS.has("first_step") else "first_step")
+        memtrace.PHASES.phase("steady" if timing.MARKS.has("first_step") else "first_step")
         self.step_times.step_begin()
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        memtrace.rename("checkpoint")  # the gap after this step held a checkpoint save
+        memtrace.PHASES.rename("checkpoint")  # the gap after this step held a checkpoint save
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.step_times.step_end()
-        memtrace.phase("steady")  # logging, eval, save until the next step: renamed if so
+        memtrace.PHASES.phase("steady")  # logging, eval, save until the next step: renamed if so
         if state.global_step >= state.max_steps:
             timing.mark("last_step")
         if timing.MARKS.has("first_step"):
@@ -140,7 +132,7 @@ class MetricsCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self.run_dir.write_rank_metrics(RankMetrics(
-            args.process_index, round(peak_memory_mib(), 1),
+            args.process_index, memtrace.peak_memory_mib(),
             int(state.num_input_tokens_seen or 0)))
 
 

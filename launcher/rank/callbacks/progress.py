@@ -33,15 +33,10 @@ class ProgressBeat(TrainerCallback):
     ) -> None:
         self.watchdog.beat(state.global_step)
 
-    def on_prediction_step(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self.watchdog.beat()
+    def on_prediction_step(self, *args: Any, **kw: Any) -> None:
+        self.watchdog.beat()  # an eval batch; a finished save (on_save) alike
 
-    def on_save(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self.watchdog.beat()
+    on_save = on_prediction_step
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -1,28 +1,10 @@
-"""Per-rank busy and forward time per optimizer step, for stragglers (`ftl report`).
+"""Per-rank busy and forward seconds per optimizer step, for stragglers (`ftl report`).
 
-In a synchronous data-parallel step every rank's wall time is the same: the fast ranks
-wait for the slowest in a collective. What differs is how long each rank worked before it
-had to wait. Two figures per rank and step, both from the step's begin (on_step_begin;
-the Trainer's token-count gather just before it lines the ranks up):
-- busy: to the end of this rank's own backward, the moment its autograd accumulates the
-  gradient of the first trainable parameter (the input embedding, or the first LoRA
-  adapter), which the backward computes last. Under DDP the bucket all-reduces run
-  asynchronously beside the backward and are waited for only after it (DDP's reducer
-  finalizes after the last gradient), so this is the rank's own work, and each other
-  rank waited about the slowest's figure minus its own.
-- forward: the time inside the model's forward passes (pre-hook to hook, summed over the
-  step's micro batches). Under DDP (after its buffer broadcast) and ZeRO-1/2 the forward
-  runs no collective, so a slower device shows here even where the backward's blocking
-  reduces (DeepSpeed) have already evened out the busy figures.
-Under ZeRO-3 and FSDP2 the forward's all-gathers and the backward's reduce-scatters line
-the ranks up inside both windows, so neither figure tells the ranks apart (measured on 2
-CPU ranks with one rank's forwards 0.3 s slower: equal within 10 %, docs/stack-notes.md).
-
-Cost: one gradient hook on one parameter, a forward pre-hook and hook on the model, a
-clock read each; on GPUs CUDA events instead, read at the step end (where the Trainer's
-NaN check of the loss has already waited for the backward). The ranks' figures meet at
-each train log (one all-gather of two numbers every train.logging_steps, in
-MetricsCallback.on_log).
+What each figure measures, under which engines it tells the ranks apart and why:
+docs/design.md, "Stragglers". Cost: one gradient hook on one parameter, a forward pre-hook
+and hook on the model, a clock read each (CUDA events on GPUs, read at the step end, where
+the Trainer's NaN check of the loss has already waited for the backward); the ranks'
+figures meet at each train log (one all-gather of two numbers, MetricsCallback.on_log).
 """
 
 from __future__ import annotations

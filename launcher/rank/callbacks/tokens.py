@@ -54,20 +54,15 @@ class TokenCounter(TrainerCallback):
         state.num_input_tokens_seen = (state.num_input_tokens_seen or 0) + total
         self.pending = 0
 
-    def _sync_if_read(self, state: TrainerState, control: TrainerControl) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        """Sync when something reads the count after this step (or epoch) end."""
         if (control.should_log or control.should_evaluate or control.should_save
                 or control.should_training_stop):
             self.sync(state)
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self._sync_if_read(state, control)
-
-    def on_epoch_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self._sync_if_read(state, control)
+    on_epoch_end = on_step_end
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
