@@ -118,7 +118,7 @@ class RunDir:
     doctor_dir = _file(DOCTOR_DIR)
 
     def write_doctor(self, report: DoctorReport) -> None:
-        write_file_atomic(self.doctor, json.dumps(report.to_dict(), indent=2) + "\n")
+        _write(self.doctor, report, indent=2)
 
     def read_doctor(self) -> DoctorReport | None:
         return _read_optional(self.doctor, DoctorReport)
@@ -127,8 +127,7 @@ class RunDir:
         return self.startup / f"rank-{rank}.json"
 
     def write_startup(self, record: StartupRecord) -> None:
-        self.startup.mkdir(exist_ok=True)
-        write_file_atomic(self.startup_file(record.rank), json.dumps(record.to_dict()) + "\n")
+        _write(self.startup_file(record.rank), record)
 
     def started_nodes(self) -> set[int]:
         """The nodes whose batch-job task started its launcher (startup/node-<N>.json)."""
@@ -138,12 +137,8 @@ class RunDir:
     def read_startups(self) -> dict[int, StartupRecord]:
         """rank -> its start-up record, for the ranks that wrote one (this launch's: the
         records of an earlier start of a requeued job are replaced as its ranks start)."""
-        found = {}
-        for path in self.startup.glob("rank-*.json"):
-            record = _read_optional(path, StartupRecord)
-            if record is not None:
-                found[record.rank] = record
-        return found
+        found = (_read_optional(p, StartupRecord) for p in self.startup.glob("rank-*.json"))
+        return {record.rank: record for record in found if record is not None}
 
     def rank_error(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.error"
@@ -162,10 +157,7 @@ class RunDir:
         return self.hang / f"rank-{rank}.fr.json"
 
     def write_hang(self, record: HangRecord) -> None:
-        """Atomic: a reader (another rank counting peers, `ftl train`) sees it whole."""
-        self.hang.mkdir(exist_ok=True)
-        write_file_atomic(self.hang_record_file(record.rank),
-                          json.dumps(record.to_dict()) + "\n")
+        _write(self.hang_record_file(record.rank), record)
 
     def read_hangs(self) -> list[HangRecord]:
         """Every rank's hang record, by rank; unreadable ones are skipped."""
@@ -181,19 +173,19 @@ class RunDir:
         return PlanRecord.from_dict(json.loads(self.plan.read_text()))
 
     def write_result(self, result: RunResult) -> None:
-        self.result.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        _write(self.result, result, indent=2)
 
     def read_result(self) -> RunResult | None:
         return _read_optional(self.result, RunResult)
 
     def write_examples(self, record: ExamplesRecord) -> None:
-        self.examples.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+        _write(self.examples, record, indent=2)
 
     def read_examples(self) -> ExamplesRecord | None:
         return _read_optional(self.examples, ExamplesRecord)
 
     def write_preempted(self, record: Preempted) -> None:
-        self.preempted.write_text(json.dumps(record.to_dict()) + "\n")
+        _write(self.preempted, record)
 
     def read_preempted(self) -> Preempted | None:
         return _read_optional(self.preempted, Preempted)
@@ -222,7 +214,7 @@ class RunDir:
         return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
 
     def write_trackers(self, record: TrackerRuns) -> None:
-        write_file_atomic(self.trackers, json.dumps(record.to_dict()) + "\n")
+        _write(self.trackers, record)
 
     def read_trackers(self) -> TrackerRuns | None:
         return _read_optional(self.trackers, TrackerRuns)
@@ -231,8 +223,7 @@ class RunDir:
         return self.rank_metrics / f"rank{rank}.json"
 
     def write_rank_metrics(self, record: RankMetrics) -> None:
-        self.rank_metrics.mkdir(exist_ok=True)
-        self.rank_metrics_file(record.rank).write_text(json.dumps(record.to_dict()) + "\n")
+        _write(self.rank_metrics_file(record.rank), record)
 
     def read_rank_metrics(self, rank: int) -> RankMetrics | None:
         return _read_optional(self.rank_metrics_file(rank), RankMetrics)
@@ -245,12 +236,18 @@ class RunDir:
 def write_complete_marker(checkpoint: Path, step: int, world_size: int, tp: int = 1,
                           sp: int = 1) -> None:
     """Rank 0 only, after every rank has finished writing `checkpoint`."""
-    marker = CompleteMarker(step, world_size, time.time(), tp, sp)
-    write_file_atomic(checkpoint / COMPLETE_MARKER, json.dumps(marker.to_dict()) + "\n")
+    _write(checkpoint / COMPLETE_MARKER, CompleteMarker(step, world_size, time.time(), tp, sp))
 
 
 def read_complete_marker(checkpoint: Path) -> CompleteMarker | None:
     return _read_optional(checkpoint / COMPLETE_MARKER, CompleteMarker)
+
+
+def _write(path: Path, record: Record, indent: int | None = None) -> None:
+    """Every record file is written whole or not at all: its readers (other ranks, `ftl
+    train`, `ftl status`) may read it at any moment."""
+    path.parent.mkdir(exist_ok=True)
+    write_file_atomic(path, json.dumps(record.to_dict(), indent=indent) + "\n")
 
 
 def _read_optional(path: Path, record: type[R]) -> R | None:
