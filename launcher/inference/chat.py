@@ -11,6 +11,7 @@ same prompt always gives the same answer (what a before/after-quantization check
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -75,15 +76,31 @@ def _builtin_notice() -> None:
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
     """The model's greedy answer to the conversation."""
+    return answers(model, tokenizer, [messages], max_new_tokens)[0]
+
+
+def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
+            max_new_tokens: int) -> list[str]:
+    """Greedy answers, in order; prompts of one token length share a batch, unpadded, so
+    a batch gives the answers single prompts would."""
     import torch
 
-    ids = torch.tensor([prompt_ids(tokenizer, messages)])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-        )
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    ids = [prompt_ids(tokenizer, messages) for messages in conversations]
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(ids):
+        by_length.setdefault(len(prompt), []).append(index)
+    out = [""] * len(ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for length, indices in by_length.items():
+        batch = torch.tensor([ids[i] for i in indices])
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=batch, attention_mask=torch.ones_like(batch),
+                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+            )
+        for index, row in zip(indices, generated, strict=True):
+            out[index] = tokenizer.decode(row[length:], skip_special_tokens=True)
+    return out
 
 
 def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens: int) -> int:

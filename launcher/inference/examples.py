@@ -25,13 +25,13 @@ imported only when it runs (the launcher's start-up stays light).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
-from launcher.inference.chat import load_for_inference, prompt_ids
+from launcher.inference.chat import answers, load_for_inference
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
 
@@ -71,29 +71,6 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
         if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
             prompts.append((messages[:first], messages[first]["content"]))
     return prompts
-
-
-def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
-            max_new_tokens: int) -> list[str]:
-    """Greedy answers, in order; prompts of one token length share a batch (no padding)."""
-    import torch
-
-    ids = [prompt_ids(tokenizer, messages) for messages in conversations]
-    by_length: dict[int, list[int]] = {}
-    for index, prompt in enumerate(ids):
-        by_length.setdefault(len(prompt), []).append(index)
-    out = [""] * len(ids)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for length, indices in by_length.items():
-        batch = torch.tensor([ids[i] for i in indices])
-        with torch.no_grad():
-            generated = model.generate(
-                input_ids=batch, attention_mask=torch.ones_like(batch),
-                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-            )
-        for index, row in zip(indices, generated, strict=True):
-            out[index] = tokenizer.decode(row[length:], skip_special_tokens=True)
-    return out
 
 
 def initial_model(cfg: RunConfig, tokenizer: Any) -> Any:

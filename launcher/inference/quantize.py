@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
 
-SCHEMES = ("absmax", "zeropoint", "clip")
-GRANULARITIES = ("tensor", "channel")
+from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
+
 FORMAT = "ftlaunch-int8-v1"
 QUANT_CONFIG = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 EVAL_BATCH = 8
 SCHEMES = ("absmax", "zeropoint", "clip")
 GRANULARITIES = ("tensor", "channel")
-"""The verb's choices (launcher/inference/quantize.py implements them; a test checks they agree)."""
+"""The verb's choices, here where `ftl quantize --help` reads them without importing torch."""
 
 
 @dataclass
