@@ -9,7 +9,7 @@ nodes: the whole world. Every rank calls these in the same order (collectives).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 SIZES_MIB = (1, 4, 16, 64, 256)
@@ -29,9 +29,6 @@ class Measured:
     seconds: float
     """One all-reduce, the mean over the timed iterations."""
     busbw_gb_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bus_bandwidth(size_bytes: int, ranks: int, seconds: float) -> float:
