@@ -97,11 +97,8 @@ def _source_digest(path: str) -> str:
 
 
 def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _tokenizer_digest(source: str) -> str:
@@ -160,7 +157,8 @@ def build(
         if evaluation is not None:
             evaluation.save_to_disk(str(staging / "eval"))
         prepared = _figures(cfg, directory, train, evaluation is not None)
-        meta = {"prepared": asdict(prepared), "built_by": f"{builder} ({_process()})",
+        meta = {"prepared": asdict(prepared),
+                "built_by": f"{builder} ({socket.gethostname()} pid {os.getpid()})",
                 "built_at": time.time()}
         (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
         os.rename(staging, directory)
@@ -186,10 +184,6 @@ def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) ->
         rows=rows, tokens=tokens, trained_tokens=trained,
         fill=round(tokens / (rows * cfg.dataset.max_length), 4), cached=False,
     )
-
-
-def _process() -> str:
-    return f"{socket.gethostname()} pid {os.getpid()}"
 
 
 def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]) -> Prepared:
