@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import re
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -278,12 +279,7 @@ class Collator:
         import torch
 
         width = self.sp_width or max(len(row["input_ids"]) for row in rows)
-        batch: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
-        extras = ["position_ids"] if self.packed else ["attention_mask"]
-        if self.sp_width and not self.packed:
-            extras.append("position_ids")
-        for extra in extras:
-            batch[extra] = []
+        batch: dict[str, list[list[int]]] = defaultdict(list)
         for row in rows:
             fill = width - len(row["input_ids"])
             batch["input_ids"].append(list(row["input_ids"]) + [self.pad_token_id] * fill)
