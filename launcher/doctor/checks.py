@@ -1,7 +1,5 @@
-"""The doctor's verdicts: every rank's facts and the bandwidth figures -> one row per check.
-
-Pure: the ranks gather the facts (facts.py, bandwidth.py); this turns them into rows, each
-naming the node and rank of a failure and the fix, the table text and the JSON document.
+"""The doctor's verdicts, pure: every rank's facts and the bandwidth figures -> one row per
+check (naming the node and rank of a failure and the fix), and the table.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """`python -m launcher.doctor.rank RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/).
 
-Started by the run's own launch command in place of the worker. Joins the process group
-(launcher/rank/startup.py: the same bound and diagnosis as training), gathers this rank's
-facts, takes part in the shared-directory tokens and the all-reduce timings, and sends its
-report to rank 0, which writes RUN_DIR/doctor.json. Exit 0 when the checks ran (their
-verdict is in doctor.json); a rank that fails writes logs/rank<R>.error like the worker.
+Exit 0 when the checks ran (their verdict is in doctor.json); a rank that fails writes
+logs/rank<R>.error like the worker.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""`ftl doctor [--json] [overrides]`: the launching side (the checks: launcher/doctor/).
-
-Validates like `ftl train` (target train: this machine, its data, its output dir), writes
-the run dir, starts the run's own launch command with the doctor's module on every rank
-(launcher/run/command.py `with_module`), and prints rank 0's doctor.json. The launcher's
-own output goes to logs/doctor.log (named when something fails).
+"""`ftl doctor [--json] [overrides]`: the launching side; the launcher's own output goes to
+logs/doctor.log (named when something fails).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model.
 
-The prompt goes through the tokenizer's own chat template (`apply_chat_template` with the
-generation prompt). A tokenizer without one (the bundled tiny tokenizer) gets the built-in
-template the launcher trains conversations with (launcher/data/encode.py: "### Human:" /
-"### Assistant:" sections, bos first), with a one-line notice; models trained by ftl carry
-the template they learned in their tokenizer. Replies are greedy, so the
-same prompt always gives the same answer (what a before/after-quantization check needs).
+Replies are greedy, so the same prompt always gives the same answer (what a
+before/after-quantization check needs). The template: docs/design.md "After training".
 """
 
 from __future__ import annotations

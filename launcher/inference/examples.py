@@ -1,26 +1,9 @@
-"""What fine-tuning did, shown: held-out prompts answered before and after training.
+"""`train.show_examples=N`: held-out prompts answered before and after training.
 
-`ftl train` with `train.show_examples=N` (N > 0; the tiny-llama preset sets it) runs this
-in the launcher process once the ranks have finished: the first N prompts of the eval set
-are answered greedily by the run's initial model (rebuilt from the config with
-`train.seed`, as the ranks built it, or read from `model.path`) and by the final one
-(RUN_DIR/model). It prints a few of them with the reference answers and the exact-match
-rate over all N before and after, and writes everything to RUN_DIR/examples.json
-(`ExamplesRecord`).
-
-A prompt is a row's conversation up to its first assistant turn (rows where no user turn
-precedes it are left out); the reference is that turn's text; the table shows the prompt's
-last user turn. Prompts are rendered by `chat.prompt_ids`, the function `ftl chat` uses, with
-the tokenizer the run saved (it carries the template the data was trained in), so the
-model is asked exactly what it was trained on and what `ftl chat` would ask it. An answer
-matches when its text equals the reference's (surrounding whitespace aside). Prompts of
-equal length are answered in one batch, without padding, so a batch gives the answers
-single prompts would.
-
-Runs on the launcher's CPU, so it is for small models. Validation requires an eval set
-(launcher/config/rules.py); rows of the raw formats (text, prompt_completion) have no
-conversation to answer, so there it prints a notice instead. torch and transformers are
-imported only when it runs (the launcher's start-up stays light).
+Runs in the launcher process once the ranks have finished, on its CPU (small models only);
+what is asked, of which models, and what is printed and written: docs/design.md "After
+training". An answer matches when its text equals the reference's (surrounding whitespace
+aside). torch and transformers are imported only when it runs (start-up stays light).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """INT8 post-training quantization of a fine-tuned causal LM (`ftl quantize`, `ftl chat`).
 
-Every nn.Linear weight becomes int8 codes plus a scale (and a zero point) per tensor or per
-output row; embeddings, norms and a Linear tied to an embedding stay in their own dtype. The
-point is a smaller artifact to ship and a measured quantization error per layer, not speed: on
-CPU the int8 layers are dequantized when the directory is loaded (no int8 kernels).
+The schemes and the file format: docs/design.md "After training"; a Linear tied to an
+embedding stays unquantized too. The point is a smaller artifact to ship and a measured error
+per layer, not speed: on CPU the int8 layers are dequantized on load (no int8 kernels).
 
 Conventions. The issue's scale S is "codes per unit" (S = 127 / max|x|); torch's `scale` is the
 step 1/S. QuantizedTensor.scale stores S; torch is always handed step = 1/S computed from the

@@ -1,13 +1,7 @@
 """`ftl quantize MODEL_DIR -o OUT_DIR`: INT8 post-training quantization with its cost.
 
-Every Linear layer's weight is quantized (launcher/inference/quantize.py: absmax, zero-point or
-clipping, per tensor or per channel); embeddings and norms stay in full precision. The
-verb prints a per-layer table (scale, zero point, MSE, max abs error, clipped share), the
-eval perplexity before and after on the `dataset` group's eval split (the bundled one by
-default; the overrides pass the validation stage first), and the size on disk before and
-after. `--compare` runs every scheme at both granularities and ranks them by perplexity;
-it writes the best. On CPU the written directory is dequantized when loaded (`ftl chat`
-and `load_quantized` do that): the saving is on disk, not in compute.
+The verb around launcher/inference/quantize.py: the request's checks, the perplexity and
+size before and after, the tables, `--compare` (docs/design.md "After training").
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The run dir: every file name in it, who writes it, its atomic creation, and the one
-reader and writer of each JSON file (their dataclasses: launcher/rundir/records.py).
-
-The run dir is the contract between the launcher and the ranks. The launcher writes the
-first group (config.yaml, plan.json, launch.sh, the engine settings, hostfile, resume_from,
-the job script) in one atomic step, a hidden temp dir renamed into place, so a run dir
-either exists complete or not at all; after that, each file has exactly one writer (the
-table in docs/design.md; each record's docstring names its writer).
+"""The run dir, the contract between the launcher and the ranks: every file name in it, its
+atomic creation, and the one reader and writer of each JSON file (their dataclasses:
+records.py; who writes what: the table in docs/design.md).
 """
 
 from __future__ import annotations
