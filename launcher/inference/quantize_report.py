@@ -87,20 +87,16 @@ def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def perplexity(model: Any, batches: list[dict[str, Any]]) -> float:
-    """exp(mean next-token NLL over the trained (unmasked) tokens)."""
+    """exp(mean next-token NLL over the trained (unmasked) tokens): the model's own loss,
+    a mean per batch, weighted by the batch's trained tokens."""
     import torch
-    import torch.nn.functional as F
 
     total, count = 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits.float()
-            labels = batch["labels"][:, 1:]
-            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                  labels.reshape(-1), ignore_index=-100, reduction="sum")
-            total += float(nll)
-            count += int((labels != -100).sum())
+            tokens = int((batch["labels"][:, 1:] != -100).sum())
+            total += float(model(**batch).loss) * tokens
+            count += tokens
     return math.exp(total / max(count, 1))
 
 
