@@ -82,13 +82,9 @@ class _Checker:
     renames: Mapping[str, str]
     columns: dict[str, str] | None = None
 
-    def set_available(self, available: Sequence[str]) -> None:
-        self.columns = formats.column_map(self.fmt, self.renames, list(available))
-
     def missing_header(self, available: Sequence[str]) -> str | None:
         """Required columns absent from a CSV or parquet header: one problem for the file."""
-        self.set_available(available)
-        assert self.columns is not None
+        self.columns = formats.column_map(self.fmt, self.renames, list(available))
         missing = formats.missing_columns(self.fmt, self.columns, list(available))
         if not missing:
             return None
@@ -104,8 +100,7 @@ class _Checker:
             return (f"{row.where}: is {kind}, not an object. Fix: make {row.name} one "
                     "{...} object with the fields of the format, or remove it.")
         if self.columns is None:
-            self.set_available(list(value))
-        assert self.columns is not None
+            self.columns = formats.column_map(self.fmt, self.renames, list(value))
         problem = formats.row_problem(value, self.fmt, self.columns)
         if problem is None:
             return None
@@ -226,24 +221,20 @@ def _read_csv(path: Path, checker: _Checker) -> Iterator[_Item]:
     # pandas, the loader the ranks use, does not have.
     old_limit = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        yield from _csv_items(path, checker)
+        with path.open(encoding="utf-8", newline="") as handle:
+            # csv.reader, not DictReader: it yields a blank line as [], so every record's
+            # first line is known (DictReader skips blanks silently; a record may span lines).
+            reader = csv.reader(handle)
+            try:
+                yield from _csv_records(path, checker, reader)
+            except csv.Error as error:
+                yield (f"{path}:{reader.line_num}: not valid CSV ({error}). Fix: correct the "
+                       "line; quote fields that hold commas, quotes or line breaks.")
     except UnicodeDecodeError:
         # The text layer decodes in blocks, so its error has no line: find it in bytes.
         yield _first_non_utf8_line(path)
     finally:
         csv.field_size_limit(old_limit)
-
-
-def _csv_items(path: Path, checker: _Checker) -> Iterator[_Item]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        # csv.reader, not DictReader: it yields a blank line as [], so every record's first
-        # line is known (DictReader skips blanks silently and a record may span lines).
-        reader = csv.reader(handle)
-        try:
-            yield from _csv_records(path, checker, reader)
-        except csv.Error as error:
-            yield (f"{path}:{reader.line_num}: not valid CSV ({error}). Fix: correct the line; "
-                   "quote fields that hold commas, quotes or line breaks.")
 
 
 def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
