@@ -11,7 +11,7 @@ import sys
 
 from launcher.doctor import DOCTOR_MODULE
 from launcher.doctor.checks import render
-from launcher.rundir import LOGS, RunDir
+from launcher.rundir import RunDir
 
 LOG = "doctor.log"
 
@@ -31,7 +31,7 @@ def doctor(overrides: list[str], as_json: bool = False) -> int:
                                     stdout=log, stderr=subprocess.STDOUT).returncode
     if returncode != 0 and run_dir.read_doctor() is None:
         print(f"ftl doctor: the launcher exited with code {returncode}; log: "
-              f"{run_dir.path / LOGS / LOG}", file=sys.stderr)
+              f"{run_dir.logs / LOG}", file=sys.stderr)
     return show(run_dir, as_json)
 
 

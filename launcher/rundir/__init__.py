@@ -47,7 +47,6 @@ CANCEL_REQUESTED = "cancel.requested"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
-EXAMPLES = "examples.json"
 LOGS = "logs"
 PROBES = "probes"
 HUNG_EXIT = 76
@@ -59,9 +58,6 @@ HANG = "hang"
 written by rank R's hang watchdog (launcher/rank/watchdog.py)."""
 STARTUP = "startup"
 """RUN_DIR/startup/rank-<R>.json: a rank about to join the process group (StartupRecord)."""
-DOCTOR = "doctor.json"
-DOCTOR_DIR = "doctor"
-"""`ftl doctor`'s files: doctor.json (rank 0: the checks' rows), doctor/ (its probe files)."""
 TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
 """checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
@@ -97,7 +93,7 @@ class RunDir:
     metrics = _file(METRICS)
     rank_metrics = _file("metrics")
     result = _file(RESULT)
-    examples = _file(EXAMPLES)
+    examples = _file("examples.json")
     tensorboard = _file("tensorboard")
     trackers = _file(TRACKERS)
     logs = _file(LOGS)
@@ -109,8 +105,8 @@ class RunDir:
     preempted = _file(PREEMPTED)
     cancel_requested = _file(CANCEL_REQUESTED)
     startup = _file(STARTUP)
-    doctor = _file(DOCTOR)
-    doctor_dir = _file(DOCTOR_DIR)
+    doctor = _file("doctor.json")  # rank 0 of `ftl doctor`: the checks' rows
+    doctor_dir = _file("doctor")  # its token files
 
     def write_doctor(self, report: DoctorReport) -> None:
         _write(self.doctor, report, indent=2)
