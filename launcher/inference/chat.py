@@ -51,12 +51,11 @@ def check_causal_lm_dir(model_dir: Path) -> None:
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the conversation plus the assistant's turn opening."""
-    from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+    from launcher.data.encode import chat_template_for
 
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
+    template, builtin = chat_template_for(tokenizer, "auto")
+    if builtin:
         _builtin_notice()
-        template = BUILTIN_CHAT_TEMPLATE
     text = tokenizer.apply_chat_template(messages, chat_template=template,
                                          add_generation_prompt=True, tokenize=False)
     # The template writes bos itself when it wants one.
