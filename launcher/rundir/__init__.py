@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -47,6 +48,8 @@ CANCEL_REQUESTED = "cancel.requested"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
+EXAMPLES = "examples.json"
+DOCTOR = "doctor.json"
 LOGS = "logs"
 PROBES = "probes"
 HUNG_EXIT = 76
@@ -72,6 +75,14 @@ def _file(name: str) -> property:
     return property(lambda self: self.path / name)
 
 
+def _json_file(
+    name: str, record: type[R], indent: int | None = None
+) -> tuple[Callable[[RunDir], R | None], Callable[[RunDir, R], None]]:
+    """The reader and the writer of the run dir's file `name`, which holds one `record`."""
+    return (lambda self: _read_optional(self.path / name, record),
+            lambda self, value: _write(self.path / name, value, indent))
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Paths inside one run dir, and the one reader and writer of each JSON file in it."""
@@ -93,7 +104,7 @@ class RunDir:
     metrics = _file(METRICS)
     rank_metrics = _file("metrics")
     result = _file(RESULT)
-    examples = _file("examples.json")
+    examples = _file(EXAMPLES)
     tensorboard = _file("tensorboard")
     trackers = _file(TRACKERS)
     logs = _file(LOGS)
@@ -105,14 +116,14 @@ class RunDir:
     preempted = _file(PREEMPTED)
     cancel_requested = _file(CANCEL_REQUESTED)
     startup = _file(STARTUP)
-    doctor = _file("doctor.json")  # rank 0 of `ftl doctor`: the checks' rows
+    doctor = _file(DOCTOR)  # rank 0 of `ftl doctor`: the checks' rows
     doctor_dir = _file("doctor")  # its token files
 
-    def write_doctor(self, report: DoctorReport) -> None:
-        _write(self.doctor, report, indent=2)
-
-    def read_doctor(self) -> DoctorReport | None:
-        return _read_optional(self.doctor, DoctorReport)
+    read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
+    read_result, write_result = _json_file(RESULT, RunResult, indent=2)
+    read_examples, write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)
+    read_preempted, write_preempted = _json_file(PREEMPTED, Preempted)
+    read_trackers, write_trackers = _json_file(TRACKERS, TrackerRuns)
 
     def startup_file(self, rank: int) -> Path:
         return self.startup / f"rank-{rank}.json"
@@ -163,24 +174,6 @@ class RunDir:
     def read_plan(self) -> PlanRecord:
         return PlanRecord.from_dict(json.loads(self.plan.read_text()))
 
-    def write_result(self, result: RunResult) -> None:
-        _write(self.result, result, indent=2)
-
-    def read_result(self) -> RunResult | None:
-        return _read_optional(self.result, RunResult)
-
-    def write_examples(self, record: ExamplesRecord) -> None:
-        _write(self.examples, record, indent=2)
-
-    def read_examples(self) -> ExamplesRecord | None:
-        return _read_optional(self.examples, ExamplesRecord)
-
-    def write_preempted(self, record: Preempted) -> None:
-        _write(self.preempted, record)
-
-    def read_preempted(self) -> Preempted | None:
-        return _read_optional(self.preempted, Preempted)
-
     def record_launch(self, world_size: int, resumed_from: str | None,
                       start_step: int) -> LaunchRecord:
         """This launch's launches.jsonl line; its number (counted from 0) is decided here
@@ -203,12 +196,6 @@ class RunDir:
     def read_metrics(self) -> list[MetricsEvent]:
         """Every event so far; a line still being written (or torn) is skipped."""
         return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
-
-    def write_trackers(self, record: TrackerRuns) -> None:
-        _write(self.trackers, record)
-
-    def read_trackers(self) -> TrackerRuns | None:
-        return _read_optional(self.trackers, TrackerRuns)
 
     def rank_metrics_file(self, rank: int) -> Path:
         return self.rank_metrics / f"rank{rank}.json"
