@@ -335,12 +335,8 @@ def _read_state(path: Path, layers: list[str]) -> dict[str, torch.Tensor]:
 
 
 def load_quantized(path: Path) -> nn.Module:
-    """The model of a `save_quantized` directory, float32, in eval() mode.
-
-    Dequantize-on-load is the CPU path: there are no int8 matmul kernels to run the codes on,
-    so every int8 layer becomes (q - Z)/S in float32 and the model runs as a plain one; what
-    the int8 format buys is the smaller artifact, the accuracy is that of the int8 codes.
-    """
+    """The model of a `save_quantized` directory, float32 (every int8 layer dequantized:
+    the CPU path, see the module docstring), in eval() mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)

@@ -57,13 +57,9 @@ HUNG_EXIT = 76
 job's) when the run ended that way: resumable from the last complete checkpoint, like
 75 (stopped). Here because it is a contract between the ranks and the launcher."""
 HANG = "hang"
-"""RUN_DIR/hang/: rank-<R>.txt (every thread's stack) and rank-<R>.json (HangRecord),
-written by rank R's hang watchdog (launcher/rank/watchdog.py)."""
 STARTUP = "startup"
-"""RUN_DIR/startup/rank-<R>.json: a rank about to join the process group (StartupRecord)."""
 TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
-"""checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
 
 def job_script_name(scheduler: str) -> str:
