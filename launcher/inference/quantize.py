@@ -295,15 +295,10 @@ def save_quantized(
         tensors[f"{name}.scale"] = qt.scale.to(torch.float32).contiguous()
         tensors[f"{name}.zero_point"] = qt.zero_point.to(torch.int32).contiguous()
     save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    config = {
-        "format": FORMAT,
-        "scheme": meta.get("scheme"),
-        "granularity": meta.get("granularity"),
-        "clip_percentile": meta.get("clip_percentile"),
-        "layers": list(quantized),
-        # meta cannot overwrite what the loader relies on
-        **{k: v for k, v in meta.items() if k not in ("format", "layers")},
-    }
+    config = {"format": FORMAT, "scheme": None, "granularity": None, "clip_percentile": None,
+              "layers": list(quantized)}
+    # meta cannot overwrite what the loader relies on
+    config.update({k: v for k, v in meta.items() if k not in ("format", "layers")})
     (out_dir / QUANT_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
