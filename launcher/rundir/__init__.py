@@ -5,6 +5,7 @@ records.py; who writes what: the table in docs/design.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -239,17 +240,12 @@ def _append(path: Path, data: dict[str, Any]) -> None:
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file; others (a torn last line) are skipped."""
-    if not path.is_file():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
+    values = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                values.append(json.loads(line))
+    return [value for value in values if isinstance(value, dict)]
 
 
 def new_run_dir_path(output_dir: str, run_name: str, now: datetime | None = None) -> Path:
