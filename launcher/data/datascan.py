@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -67,16 +67,9 @@ class _Row(NamedTuple):
         return f"{self.unit} {self.number}{suffix}"
 
 
-@dataclass(frozen=True)
-class _Problem:
-    """A problem found while reading (not JSON, not UTF-8, no header), already worded."""
-
-    text: str
-    fatal: bool = False
-    """Nothing after it can be read sensibly: the scan ends here."""
-
-
-_Item = _Row | _Problem
+_Item = _Row | str
+"""A row, or a problem found while reading it (not JSON, not UTF-8, no header), worded. A
+reader stops after a problem nothing after it can be read past."""
 
 
 @dataclass
@@ -89,22 +82,16 @@ class _Checker:
     renames: Mapping[str, str]
     columns: dict[str, str] | None = None
 
-    def set_available(self, available: Sequence[str]) -> None:
-        self.columns = formats.column_map(self.fmt, self.renames, list(available))
-
-    def missing_header(self, available: Sequence[str]) -> _Problem | None:
+    def missing_header(self, available: Sequence[str]) -> str | None:
         """Required columns absent from a CSV or parquet header: one problem for the file."""
-        self.set_available(available)
-        assert self.columns is not None
+        self.columns = formats.column_map(self.fmt, self.renames, list(available))
         missing = formats.missing_columns(self.fmt, self.columns, list(available))
         if not missing:
             return None
-        field_of = {column: name for name, column in self.columns.items()}
-        renames = " ".join(f"dataset.columns.{field_of[col]}=NAME" for col in missing)
-        return _Problem(
-            f"{self.path}: no column {', '.join(map(repr, missing))} for dataset.format="
-            f"{self.fmt} (the columns are {', '.join(map(repr, available)) or 'none'}). Fix: "
-            f"add the column, or name the column that holds it with {renames}.", fatal=True)
+        return (f"{self.path}: no column {', '.join(map(repr, missing))} for dataset.format="
+                f"{self.fmt} (the columns are {', '.join(map(repr, available)) or 'none'}). "
+                f"Fix: add the column, or name the column that holds it with "
+                f"{self._renames(missing)}.")
 
     def problem(self, row: _Row) -> str | None:
         value = row.value
@@ -113,8 +100,7 @@ class _Checker:
             return (f"{row.where}: is {kind}, not an object. Fix: make {row.name} one "
                     "{...} object with the fields of the format, or remove it.")
         if self.columns is None:
-            self.set_available(list(value))
-        assert self.columns is not None
+            self.columns = formats.column_map(self.fmt, self.renames, list(value))
         problem = formats.row_problem(value, self.fmt, self.columns)
         if problem is None:
             return None
@@ -123,30 +109,14 @@ class _Checker:
     def _hint(self, value: Mapping[str, Any]) -> str:
         # A required column absent from the row is more often a naming mismatch than bad data.
         assert self.columns is not None
-        missing = set(formats.missing_columns(self.fmt, self.columns, list(value)))
-        renames = [f"dataset.columns.{name}=NAME" for name, col in self.columns.items()
-                   if col in missing]
-        return f", or if the data names it differently set {' '.join(renames)}" \
-            if renames else ""
+        missing = formats.missing_columns(self.fmt, self.columns, list(value))
+        return f", or if the data names it differently set {self._renames(missing)}" \
+            if missing else ""
 
-
-@dataclass
-class _Tally:
-    """Problems up to the limit, then one line saying the rest were not listed."""
-
-    path: Path
-    limit: int
-    rows: int = 0
-    problems: list[str] = field(default_factory=list)
-    done: bool = False
-
-    def add(self, problem: str) -> None:
-        if len(self.problems) >= self.limit:
-            self.problems.append(f"{self.path}: more problems not listed "
-                                 f"(stopped after {self.limit})")
-            self.done = True
-        else:
-            self.problems.append(problem)
+    def _renames(self, missing: Sequence[str]) -> str:
+        assert self.columns is not None
+        return " ".join(f"dataset.columns.{name}=NAME" for name, col in self.columns.items()
+                        if col in missing)
 
 
 def scan_file(path: Path, fmt: str, renames: Mapping[str, str], limit: int = 10) -> Scan:
@@ -156,31 +126,25 @@ def scan_file(path: Path, fmt: str, renames: Mapping[str, str], limit: int = 10)
     read = _READERS.get(path.suffix.lower())
     if read is None or fmt not in formats.FORMATS:
         return Scan(rows=0, problems=[])
-    checker, tally = _Checker(path, fmt, renames), _Tally(path, limit)
+    checker, rows, problems = _Checker(path, fmt, renames), 0, []
     try:
-        _check(read(path, checker), checker, tally)
-    except OSError as error:
-        tally.add(f"{path}: cannot be read ({error.strerror or error}). Fix: check the path "
-                  "and its permissions.")
-    if tally.rows == 0 and not tally.problems:
-        tally.add(f"{path}: has no data rows. Fix: point the setting at the data file, or "
-                  "add rows to it.")
-    return Scan(rows=tally.rows, problems=tally.problems)
-
-
-def _check(items: Iterable[_Item], checker: _Checker, tally: _Tally) -> None:
-    for item in items:
-        if isinstance(item, _Problem):
-            tally.add(item.text)
-            if item.fatal:
-                return
-        else:
-            tally.rows += 1
-            problem = checker.problem(item)
+        for item in read(path, checker):
+            if isinstance(item, _Row):
+                rows += 1
+            problem = checker.problem(item) if isinstance(item, _Row) else item
             if problem is not None:
-                tally.add(problem)
-        if tally.done:
-            return
+                problems.append(problem)
+            if len(problems) > limit:
+                break
+    except OSError as error:
+        problems.append(f"{path}: cannot be read ({error.strerror or error}). Fix: check the "
+                        "path and its permissions.")
+    if rows == 0 and not problems:
+        problems.append(f"{path}: has no data rows. Fix: point the setting at the data file, "
+                        "or add rows to it.")
+    if len(problems) > limit:
+        problems[limit:] = [f"{path}: more problems not listed (stopped after {limit})"]
+    return Scan(rows=rows, problems=problems)
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -257,25 +221,20 @@ def _read_csv(path: Path, checker: _Checker) -> Iterator[_Item]:
     # pandas, the loader the ranks use, does not have.
     old_limit = csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
-        yield from _csv_items(path, checker)
+        with path.open(encoding="utf-8", newline="") as handle:
+            # csv.reader, not DictReader: it yields a blank line as [], so every record's
+            # first line is known (DictReader skips blanks silently; a record may span lines).
+            reader = csv.reader(handle)
+            try:
+                yield from _csv_records(path, checker, reader)
+            except csv.Error as error:
+                yield (f"{path}:{reader.line_num}: not valid CSV ({error}). Fix: correct the "
+                       "line; quote fields that hold commas, quotes or line breaks.")
     except UnicodeDecodeError:
         # The text layer decodes in blocks, so its error has no line: find it in bytes.
         yield _first_non_utf8_line(path)
     finally:
         csv.field_size_limit(old_limit)
-
-
-def _csv_items(path: Path, checker: _Checker) -> Iterator[_Item]:
-    with path.open(encoding="utf-8", newline="") as handle:
-        # csv.reader, not DictReader: it yields a blank line as [], so every record's first
-        # line is known (DictReader skips blanks silently and a record may span lines).
-        reader = csv.reader(handle)
-        try:
-            yield from _csv_records(path, checker, reader)
-        except csv.Error as error:
-            yield _Problem(f"{path}:{reader.line_num}: not valid CSV ({error}). Fix: correct "
-                           "the line; quote fields that hold commas, quotes or line breaks.",
-                           fatal=True)
 
 
 def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
@@ -296,9 +255,9 @@ def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
 
 def _csv_row(path: Path, line: int, header: list[str], values: list[str]) -> _Item:
     if len(values) > len(header):
-        return _Problem(f"{path}:{line}: has {len(values)} values, the header has "
-                        f"{len(header)} columns. Fix: quote the values that hold commas, or "
-                        f"correct or remove line {line}.")
+        return (f"{path}:{line}: has {len(values)} values, the header has {len(header)} "
+                f"columns. Fix: quote the values that hold commas, or correct or remove line "
+                f"{line}.")
     return _Row(path, "line", line, dict(zip(header, values, strict=False)))
 
 
@@ -324,42 +283,40 @@ def _read_parquet(path: Path, checker: _Checker) -> Iterator[_Item]:
                 number += 1
                 yield _Row(path, "row", number, value)
     except (pa.ArrowException, OSError) as error:
-        yield _Problem(f"{path}: not a readable parquet file ({error}). Fix: rewrite it, "
-                       "e.g. with pandas' to_parquet, or use JSON Lines.", fatal=True)
+        yield (f"{path}: not a readable parquet file ({error}). Fix: rewrite it, e.g. with "
+               "pandas' to_parquet, or use JSON Lines.")
 
 
 # ---------------------------------------------------------------------------- problems
 
 
-def _empty(path: Path) -> _Problem:
-    return _Problem(f"{path}: the file is empty. Fix: point the setting at the data file, or "
-                    "write the rows into it.", fatal=True)
+def _empty(path: Path) -> str:
+    return (f"{path}: the file is empty. Fix: point the setting at the data file, or write "
+            "the rows into it.")
 
 
-def _not_json(path: Path, line: int, message: str, what: str) -> _Problem:
-    return _Problem(f"{path}:{line}: not valid JSON ({message}). Fix: correct or remove "
-                    f"{what}; a JSON Lines file holds one {{...}} object per line.")
+def _not_json(path: Path, line: int, message: str, what: str) -> str:
+    return (f"{path}:{line}: not valid JSON ({message}). Fix: correct or remove {what}; a "
+            "JSON Lines file holds one {...} object per line.")
 
 
-def _not_utf8(path: Path, line: int, byte: int, offset: int) -> _Problem:
-    return _Problem(f"{path}:{line}: not UTF-8 (byte 0x{byte:02x} at byte offset {offset} of "
-                    f"the file). Fix: re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 "
-                    f"{path} > fixed{path.suffix}`.", fatal=False)
+def _not_utf8(path: Path, line: int, byte: int, offset: int) -> str:
+    return (f"{path}:{line}: not UTF-8 (byte 0x{byte:02x} at byte offset {offset} of the "
+            f"file). Fix: re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path} "
+            f"> fixed{path.suffix}`.")
 
 
-def _first_non_utf8_line(path: Path) -> _Problem:
+def _first_non_utf8_line(path: Path) -> str:
     offset = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                problem = _not_utf8(path, number, raw[error.start], offset + error.start)
-                return _Problem(problem.text, fatal=True)
+                return _not_utf8(path, number, raw[error.start], offset + error.start)
             offset += len(raw)
     # A multi-byte character cut by the end of the file.
-    return _Problem(f"{path}: not UTF-8 at its end. Fix: re-encode the file as UTF-8.",
-                    fatal=True)
+    return f"{path}: not UTF-8 at its end. Fix: re-encode the file as UTF-8."
 
 
 _READERS: dict[str, Callable[[Path, _Checker], Iterator[_Item]]] = {

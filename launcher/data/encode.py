@@ -1,23 +1,13 @@
 """Rows -> token ids and labels: the chat template, assistant-only loss, truncation.
 
-Chat rows (chat, sharegpt, alpaca) are rendered with the tokenizer's own chat template, so
-a fine-tuned instruct model keeps speaking its format. The trained part of a conversation is
-each assistant turn including the template's end-of-turn text (so the model learns to stop)
-but not the whitespace that separates it from the next turn,
-found WITHOUT `{% generation %}` markers, which most templates lack: assistant turn i spans
-from the end of `render(messages[:i], add_generation_prompt=True)` to the end of
-`render(messages[:i + 1])`, and every rendered prefix must be a prefix of the whole render.
-A template that breaks that (e.g. one that rewrites earlier turns) is refused with the row.
-
-A tokenizer without a chat template gets BUILTIN_CHAT_TEMPLATE (and a one-line notice);
-the worker stores it on the tokenizer, so the saved model chats in the format it learned.
-
-Raw rows (prompt_completion, text) are bos + pieces + eos, tokenized as plain text.
-
-The whole text of an example is tokenized once (the ids are exactly those of the text) and
-a token is trained when its first character lies in a trained span. Labels are -100 where
-not trained, and always at position 0: no token predicts the first one, and in a packed row
-the previous example's last token must not be trained to predict it.
+Chat rows are rendered with the tokenizer's own template (BUILTIN_CHAT_TEMPLATE when it has
+none), so a fine-tuned instruct model keeps its format. Assistant turn i is trained from the
+end of `render(messages[:i], add_generation_prompt=True)` to the end of
+`render(messages[:i + 1])`: with its end-of-turn text (the model learns to stop), without the
+whitespace after it, and with no `{% generation %}` markers (most templates lack them).
+Raw rows (prompt_completion, text) are bos + pieces + eos. A token is trained when its first
+character lies in a trained span; label 0 is always -100: in a packed row the previous
+example's last token must not learn to predict it.
 """
 
 from __future__ import annotations

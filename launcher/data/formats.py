@@ -1,20 +1,10 @@
-"""What one data row means, per `dataset.format`: a conversation or raw text pieces.
+"""What one data row means, per `dataset.format`: a conversation or raw text pieces (each
+format's row and what is trained: the table in README "Data"); `dataset.columns` renames the
+fields, e.g. `dataset.columns.messages=conversation`.
 
 Pure and light (no `datasets`, no tokenizer): the streaming scanner (datascan.py) checks
 every row with `row_problem` before anything launches, and the encoder (encode.py) turns
 checked rows into token ids.
-
-  chat               {"messages": [{"role", "content"}, ...]}   (ShareGPT's {"from", "value"}
-                     turns and a `conversations` column are read as the same thing)
-  sharegpt           chat, with the conversation in `conversations` by default
-  alpaca             {"instruction", "input" (optional), "output", "system" (optional)}:
-                     one user turn (instruction, a blank line, input) and the output as the
-                     assistant turn, rendered with the chat template like a conversation
-  prompt_completion  {"prompt", "completion"}: raw text, the completion is trained
-  text               {"text"}: raw text, every token trained (continued pre-training)
-
-`dataset.columns` renames the fields: `dataset.columns.messages=conversation`,
-`dataset.columns.prompt=question dataset.columns.completion=answer`.
 """
 
 from __future__ import annotations

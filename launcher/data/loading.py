@@ -1,19 +1,9 @@
 """Training data: load rows, split off the eval set, encode and pack them, collate batches.
 
-Runs where the data is prepared (launcher/data/preprocess.py: `ftl preprocess`, `ftl train`
-before launch, or rank 0 of a job) and in the ranks' collators. `datasets` and TRL are
-imported inside functions. What a row means per format: launcher/data/formats.py; how rows
-become ids and labels: launcher/data/encode.py.
-
-Without packing, an example longer than `dataset.max_length` is truncated; one left with
-no trained token is dropped (both counted and logged). With `dataset.packing`, the same
-(truncated, never split) examples are packed whole into rows of `max_length` tokens by
-TRL's best-fit-decreasing packer, and `position_ids` restart at 0 for every example. The
-packed collator passes no attention mask, so the model builds its mask from the position
-ids: sdpa and eager get a block-diagonal causal mask (transformers'
-find_packed_sequence_indices), flash-attention its varlen kernel; no token attends to
-another example. The tail padding of a batch is one more "example" with its own
-positions, so it is isolated too.
+Runs where the data is prepared (preprocess.py) and in the ranks' collators; `datasets` and
+TRL are imported inside functions. Packing, and why packed batches carry position_ids and no
+attention mask: docs/design.md "Data". A batch's tail padding is one more "example" with its
+own positions, so it is isolated too.
 """
 
 from __future__ import annotations
@@ -22,6 +12,7 @@ import logging
 import os
 import random
 import re
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -278,12 +269,7 @@ class Collator:
         import torch
 
         width = self.sp_width or max(len(row["input_ids"]) for row in rows)
-        batch: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
-        extras = ["position_ids"] if self.packed else ["attention_mask"]
-        if self.sp_width and not self.packed:
-            extras.append("position_ids")
-        for extra in extras:
-            batch[extra] = []
+        batch: dict[str, list[list[int]]] = defaultdict(list)
         for row in rows:
             fill = width - len(row["input_ids"])
             batch["input_ids"].append(list(row["input_ids"]) + [self.pad_token_id] * fill)

@@ -1,22 +1,12 @@
 """Tokenize once: rows -> encoded (and packed) datasets, cached on disk by content.
 
-The cache directory is `<dataset.cache_dir or $FTL_CACHE_DIR/data>/<name>-<key>` (FTL_CACHE_DIR
-defaults to ~/.cache/ftlaunch), where the key hashes the bytes of the data files, the
-tokenizer's files, every dataset setting that changes the result and this module's
-version (`data_key`; no `datasets` or `transformers` import, so validation computes it and
-the plan records the directory). The
-default root is per user, not per output dir: the same data and tokenizer are tokenized
-once however many output dirs train on them (a new one used to pay 3-4 s for the bundled
-data on every `ftl train`); being keyed by content, sharing it is sound.
-
-Who builds it: `ftl preprocess` (ahead of time, e.g. on a login node), `ftl train` before
-any rank starts, or, when neither did (a Slurm job), rank 0 while the other ranks poll for
-it with `dataset.wait_timeout_s` (no process group exists yet, so no collective can time
-out). A build writes into a temporary sibling and renames it into place: a directory with
-meta.json is complete; a failed build leaves nothing behind.
-
-Inside: train/ and eval/ (`datasets.save_to_disk`; columns input_ids, labels and, packed,
-position_ids) and meta.json (the figures of `Prepared`, and who built it).
+The directory is `<dataset.cache_dir or $FTL_CACHE_DIR/data>/<name>-<key>` (FTL_CACHE_DIR
+defaults to ~/.cache/ftlaunch); `data_key` hashes the data and tokenizer files, every dataset
+setting that changes the result and VERSION without importing `datasets` or `transformers`
+(validation computes it, the plan records it). Per user, not per output dir: keyed by
+content, sharing is sound, and a new output dir does not pay 3-4 s for the bundled data.
+Who builds it, and how: docs/design.md "Data". Inside: train/ and eval/ (`save_to_disk`:
+input_ids, labels and, packed, position_ids) and meta.json (`Prepared`, and who built it).
 """
 
 from __future__ import annotations
@@ -97,11 +87,8 @@ def _source_digest(path: str) -> str:
 
 
 def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _tokenizer_digest(source: str) -> str:
@@ -160,7 +147,8 @@ def build(
         if evaluation is not None:
             evaluation.save_to_disk(str(staging / "eval"))
         prepared = _figures(cfg, directory, train, evaluation is not None)
-        meta = {"prepared": asdict(prepared), "built_by": f"{builder} ({_process()})",
+        meta = {"prepared": asdict(prepared),
+                "built_by": f"{builder} ({socket.gethostname()} pid {os.getpid()})",
                 "built_at": time.time()}
         (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
         os.rename(staging, directory)
@@ -186,10 +174,6 @@ def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) ->
         rows=rows, tokens=tokens, trained_tokens=trained,
         fill=round(tokens / (rows * cfg.dataset.max_length), 4), cached=False,
     )
-
-
-def _process() -> str:
-    return f"{socket.gethostname()} pid {os.getpid()}"
 
 
 def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]) -> Prepared:

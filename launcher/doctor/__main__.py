@@ -4,16 +4,15 @@ ranks wrote none (their errors are named). The job script's doctor step ends wit
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 from launcher.doctor.verb import show
 from launcher.rundir import RunDir
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if not args or len(args) > 2 or (len(args) == 2 and "--json" not in args):
-        print("usage: python -m launcher.doctor RUN_DIR [--json]", file=sys.stderr)
-        raise SystemExit(2)
-    run_dir = [arg for arg in args if arg != "--json"][0]
-    raise SystemExit(show(RunDir(Path(run_dir)), as_json="--json" in args))
+    parser = argparse.ArgumentParser(prog="python -m launcher.doctor")
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    raise SystemExit(show(RunDir(args.run_dir), as_json=args.json))

@@ -1,15 +1,14 @@
-"""All-reduce bus bandwidth, measured the way nccl-tests defines it.
+"""All-reduce bus bandwidth as nccl-tests defines it (doc/PERFORMANCE.md).
 
 busbw = size * 2 * (n - 1) / n / time: the bytes each rank's link carries in a ring
-all-reduce per second, comparable across world sizes (nccl-tests doc/PERFORMANCE.md).
-Within a node: each node's ranks in a group of their own (all nodes at once); across
-nodes: the whole world. Every rank calls these in the same order (collectives).
+all-reduce per second, comparable across world sizes. Every rank calls these in the same
+order (collectives).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 SIZES_MIB = (1, 4, 16, 64, 256)
@@ -29,9 +28,6 @@ class Measured:
     seconds: float
     """One all-reduce, the mean over the timed iterations."""
     busbw_gb_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bus_bandwidth(size_bytes: int, ranks: int, seconds: float) -> float:

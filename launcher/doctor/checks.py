@@ -1,7 +1,5 @@
-"""The doctor's verdicts: every rank's facts and the bandwidth figures -> one row per check.
-
-Pure: the ranks gather the facts (facts.py, bandwidth.py); this turns them into rows, each
-naming the node and rank of a failure and the fix, the table text and the JSON document.
+"""The doctor's verdicts, pure: every rank's facts and the bandwidth figures -> one row per
+check (naming the node and rank of a failure and the fix), and the table.
 """
 
 from __future__ import annotations
@@ -61,16 +59,11 @@ def bandwidth(measured: list[dict[str, Any]], exp: Expectation) -> list[Row]:
             why = "one rank per node" if scope == "intra-node" else "one node"
             rows.append(Row(f"all-reduce {scope}", INFO, f"not measured: {why}"))
             continue
-        rows += [_bandwidth_row(scope, group, expected)
-                 for group in _by_group(mine).values()]
+        by_node: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for m in mine:
+            by_node[m["node"]].append(m)
+        rows += [_bandwidth_row(scope, group, expected) for group in by_node.values()]
     return rows
-
-
-def _by_group(measured: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
-    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for m in measured:
-        groups[m["node"]].append(m)
-    return groups
 
 
 def _bandwidth_row(scope: str, group: list[dict[str, Any]], expected: float) -> Row:

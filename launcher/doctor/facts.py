@@ -11,9 +11,8 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 TOKEN_WAIT_S = 3.0
 """A network filesystem may show a new file to the other nodes a moment late."""
@@ -39,9 +38,6 @@ class RankFacts:
     cache_root: str = ""
     cache_shared: bool = False
     data_built: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def versions() -> dict[str, str | None]:

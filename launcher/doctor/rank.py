@@ -1,10 +1,7 @@
 """`python -m launcher.doctor.rank RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/).
 
-Started by the run's own launch command in place of the worker. Joins the process group
-(launcher/rank/startup.py: the same bound and diagnosis as training), gathers this rank's
-facts, takes part in the shared-directory tokens and the all-reduce timings, and sends its
-report to rank 0, which writes RUN_DIR/doctor.json. Exit 0 when the checks ran (their
-verdict is in doctor.json); a rank that fails writes logs/rank<R>.error like the worker.
+Exit 0 when the checks ran (their verdict is in doctor.json); a rank that fails writes
+logs/rank<R>.error like the worker.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import secrets
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ from launcher.doctor.facts import (
     write_token,
 )
 from launcher.rank.startup import World, backend, join_world, node_name
-from launcher.rank.worker import write_error
+from launcher.rank.worker import exit_now, write_error
 from launcher.rundir import DoctorReport, RunDir
 
 
@@ -69,7 +67,7 @@ def examine(run_dir: RunDir) -> None:
     measured = measure_world(local_rank, world.world_size // nodes, nodes, world.node,
                              device)
     reports: list[Any] = [None] * world.world_size
-    dist.all_gather_object(reports, (facts.to_dict(), [m.to_dict() for m in measured]))
+    dist.all_gather_object(reports, (asdict(facts), [asdict(m) for m in measured]))
     if world.rank == 0:
         write_report(cfg, run_dir, reports, join_s)
     dist.barrier()
@@ -124,7 +122,4 @@ def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: fl
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no process-group teardown at exit (launcher/rank/worker.py: finish)
+    exit_now(main())  # no process-group teardown at exit (launcher/rank/worker.py: finish)

@@ -1,9 +1,5 @@
-"""`ftl doctor [--json] [overrides]`: the launching side (the checks: launcher/doctor/).
-
-Validates like `ftl train` (target train: this machine, its data, its output dir), writes
-the run dir, starts the run's own launch command with the doctor's module on every rank
-(launcher/run/command.py `with_module`), and prints rank 0's doctor.json. The launcher's
-own output goes to logs/doctor.log (named when something fails).
+"""`ftl doctor [--json] [overrides]`: the launching side; the launcher's own output goes to
+logs/doctor.log (named when something fails).
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import sys
 
 from launcher.doctor import DOCTOR_MODULE
 from launcher.doctor.checks import render
-from launcher.rundir import LOGS, RunDir
+from launcher.rundir import RunDir
 
 LOG = "doctor.log"
 
@@ -35,7 +31,7 @@ def doctor(overrides: list[str], as_json: bool = False) -> int:
                                     stdout=log, stderr=subprocess.STDOUT).returncode
     if returncode != 0 and run_dir.read_doctor() is None:
         print(f"ftl doctor: the launcher exited with code {returncode}; log: "
-              f"{run_dir.path / LOGS / LOG}", file=sys.stderr)
+              f"{run_dir.logs / LOG}", file=sys.stderr)
     return show(run_dir, as_json)
 
 

@@ -1,16 +1,13 @@
 """`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model.
 
-The prompt goes through the tokenizer's own chat template (`apply_chat_template` with the
-generation prompt). A tokenizer without one (the bundled tiny tokenizer) gets the built-in
-template the launcher trains conversations with (launcher/data/encode.py: "### Human:" /
-"### Assistant:" sections, bos first), with a one-line notice; models trained by ftl carry
-the template they learned in their tokenizer. Replies are greedy, so the
-same prompt always gives the same answer (what a before/after-quantization check needs).
+Replies are greedy, so the same prompt always gives the same answer (what a
+before/after-quantization check needs). The template: docs/design.md "After training".
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -54,12 +51,11 @@ def check_causal_lm_dir(model_dir: Path) -> None:
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the conversation plus the assistant's turn opening."""
-    from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+    from launcher.data.encode import chat_template_for
 
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
+    template, builtin = chat_template_for(tokenizer, "auto")
+    if builtin:
         _builtin_notice()
-        template = BUILTIN_CHAT_TEMPLATE
     text = tokenizer.apply_chat_template(messages, chat_template=template,
                                          add_generation_prompt=True, tokenize=False)
     # The template writes bos itself when it wants one.
@@ -75,15 +71,31 @@ def _builtin_notice() -> None:
 
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
     """The model's greedy answer to the conversation."""
+    return answers(model, tokenizer, [messages], max_new_tokens)[0]
+
+
+def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
+            max_new_tokens: int) -> list[str]:
+    """Greedy answers, in order; prompts of one token length share a batch, unpadded, so
+    a batch gives the answers single prompts would."""
     import torch
 
-    ids = torch.tensor([prompt_ids(tokenizer, messages)])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
-        )
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    ids = [prompt_ids(tokenizer, messages) for messages in conversations]
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(ids):
+        by_length.setdefault(len(prompt), []).append(index)
+    out = [""] * len(ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for length, indices in by_length.items():
+        batch = torch.tensor([ids[i] for i in indices])
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=batch, attention_mask=torch.ones_like(batch),
+                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+            )
+        for index, row in zip(indices, generated, strict=True):
+            out[index] = tokenizer.decode(row[length:], skip_special_tokens=True)
+    return out
 
 
 def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens: int) -> int:

@@ -1,37 +1,20 @@
-"""What fine-tuning did, shown: held-out prompts answered before and after training.
+"""`train.show_examples=N`: held-out prompts answered before and after training.
 
-`ftl train` with `train.show_examples=N` (N > 0; the tiny-llama preset sets it) runs this
-in the launcher process once the ranks have finished: the first N prompts of the eval set
-are answered greedily by the run's initial model (rebuilt from the config with
-`train.seed`, as the ranks built it, or read from `model.path`) and by the final one
-(RUN_DIR/model). It prints a few of them with the reference answers and the exact-match
-rate over all N before and after, and writes everything to RUN_DIR/examples.json
-(`ExamplesRecord`).
-
-A prompt is a row's conversation up to its first assistant turn (rows where no user turn
-precedes it are left out); the reference is that turn's text; the table shows the prompt's
-last user turn. Prompts are rendered by `chat.prompt_ids`, the function `ftl chat` uses, with
-the tokenizer the run saved (it carries the template the data was trained in), so the
-model is asked exactly what it was trained on and what `ftl chat` would ask it. An answer
-matches when its text equals the reference's (surrounding whitespace aside). Prompts of
-equal length are answered in one batch, without padding, so a batch gives the answers
-single prompts would.
-
-Runs on the launcher's CPU, so it is for small models. Validation requires an eval set
-(launcher/config/rules.py); rows of the raw formats (text, prompt_completion) have no
-conversation to answer, so there it prints a notice instead. torch and transformers are
-imported only when it runs (the launcher's start-up stays light).
+Runs in the launcher process once the ranks have finished, on its CPU (small models only);
+what is asked, of which models, and what is printed and written: docs/design.md "After
+training". An answer matches when its text equals the reference's (surrounding whitespace
+aside). torch and transformers are imported only when it runs (start-up stays light).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
-from launcher.inference.chat import load_for_inference, prompt_ids
+from launcher.inference.chat import answers, load_for_inference
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
 
@@ -71,29 +54,6 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
         if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
             prompts.append((messages[:first], messages[first]["content"]))
     return prompts
-
-
-def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
-            max_new_tokens: int) -> list[str]:
-    """Greedy answers, in order; prompts of one token length share a batch (no padding)."""
-    import torch
-
-    ids = [prompt_ids(tokenizer, messages) for messages in conversations]
-    by_length: dict[int, list[int]] = {}
-    for index, prompt in enumerate(ids):
-        by_length.setdefault(len(prompt), []).append(index)
-    out = [""] * len(ids)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for length, indices in by_length.items():
-        batch = torch.tensor([ids[i] for i in indices])
-        with torch.no_grad():
-            generated = model.generate(
-                input_ids=batch, attention_mask=torch.ones_like(batch),
-                max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
-            )
-        for index, row in zip(indices, generated, strict=True):
-            out[index] = tokenizer.decode(row[length:], skip_special_tokens=True)
-    return out
 
 
 def initial_model(cfg: RunConfig, tokenizer: Any) -> Any:

@@ -1,9 +1,8 @@
 """INT8 post-training quantization of a fine-tuned causal LM (`ftl quantize`, `ftl chat`).
 
-Every nn.Linear weight becomes int8 codes plus a scale (and a zero point) per tensor or per
-output row; embeddings, norms and a Linear tied to an embedding stay in their own dtype. The
-point is a smaller artifact to ship and a measured quantization error per layer, not speed: on
-CPU the int8 layers are dequantized when the directory is loaded (no int8 kernels).
+The schemes and the file format: docs/design.md "After training"; a Linear tied to an
+embedding stays unquantized too. The point is a smaller artifact to ship and a measured error
+per layer, not speed: on CPU the int8 layers are dequantized on load (no int8 kernels).
 
 Conventions. The issue's scale S is "codes per unit" (S = 127 / max|x|); torch's `scale` is the
 step 1/S. QuantizedTensor.scale stores S; torch is always handed step = 1/S computed from the
@@ -27,8 +26,8 @@ import torch
 from torch import nn
 from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
 
-SCHEMES = ("absmax", "zeropoint", "clip")
-GRANULARITIES = ("tensor", "channel")
+from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
+
 FORMAT = "ftlaunch-int8-v1"
 QUANT_CONFIG = "quantization.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -296,15 +295,10 @@ def save_quantized(
         tensors[f"{name}.scale"] = qt.scale.to(torch.float32).contiguous()
         tensors[f"{name}.zero_point"] = qt.zero_point.to(torch.int32).contiguous()
     save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    config = {
-        "format": FORMAT,
-        "scheme": meta.get("scheme"),
-        "granularity": meta.get("granularity"),
-        "clip_percentile": meta.get("clip_percentile"),
-        "layers": list(quantized),
-        # meta cannot overwrite what the loader relies on
-        **{k: v for k, v in meta.items() if k not in ("format", "layers")},
-    }
+    config = {"format": FORMAT, "scheme": None, "granularity": None, "clip_percentile": None,
+              "layers": list(quantized)}
+    # meta cannot overwrite what the loader relies on
+    config.update({k: v for k, v in meta.items() if k not in ("format", "layers")})
     (out_dir / QUANT_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
@@ -336,12 +330,8 @@ def _read_state(path: Path, layers: list[str]) -> dict[str, torch.Tensor]:
 
 
 def load_quantized(path: Path) -> nn.Module:
-    """The model of a `save_quantized` directory, float32, in eval() mode.
-
-    Dequantize-on-load is the CPU path: there are no int8 matmul kernels to run the codes on,
-    so every int8 layer becomes (q - Z)/S in float32 and the model runs as a plain one; what
-    the int8 format buys is the smaller artifact, the accuracy is that of the int8 codes.
-    """
+    """The model of a `save_quantized` directory, float32 (every int8 layer dequantized:
+    the CPU path, see the module docstring), in eval() mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)

@@ -1,13 +1,7 @@
 """`ftl quantize MODEL_DIR -o OUT_DIR`: INT8 post-training quantization with its cost.
 
-Every Linear layer's weight is quantized (launcher/inference/quantize.py: absmax, zero-point or
-clipping, per tensor or per channel); embeddings and norms stay in full precision. The
-verb prints a per-layer table (scale, zero point, MSE, max abs error, clipped share), the
-eval perplexity before and after on the `dataset` group's eval split (the bundled one by
-default; the overrides pass the validation stage first), and the size on disk before and
-after. `--compare` runs every scheme at both granularities and ranks them by perplexity;
-it writes the best. On CPU the written directory is dequantized when loaded (`ftl chat`
-and `load_quantized` do that): the saving is on disk, not in compute.
+The verb around launcher/inference/quantize.py: the request's checks, the perplexity and
+size before and after, the tables, `--compare` (docs/design.md "After training").
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ if TYPE_CHECKING:
 EVAL_BATCH = 8
 SCHEMES = ("absmax", "zeropoint", "clip")
 GRANULARITIES = ("tensor", "channel")
-"""The verb's choices (launcher/inference/quantize.py implements them; a test checks they agree)."""
+"""The verb's choices, here where `ftl quantize --help` reads them without importing torch."""
 
 
 @dataclass
@@ -93,20 +87,16 @@ def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
 
 
 def perplexity(model: Any, batches: list[dict[str, Any]]) -> float:
-    """exp(mean next-token NLL over the trained (unmasked) tokens)."""
+    """exp(mean next-token NLL over the trained (unmasked) tokens): the model's own loss,
+    a mean per batch, weighted by the batch's trained tokens."""
     import torch
-    import torch.nn.functional as F
 
     total, count = 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits.float()
-            labels = batch["labels"][:, 1:]
-            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                  labels.reshape(-1), ignore_index=-100, reduction="sum")
-            total += float(nll)
-            count += int((labels != -100).sum())
+            tokens = int((batch["labels"][:, 1:] != -100).sum())
+            total += float(model(**batch).loss) * tokens
+            count += tokens
     return math.exp(total / max(count, 1))
 
 

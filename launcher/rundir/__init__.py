@@ -1,19 +1,16 @@
-"""The run dir: every file name in it, who writes it, its atomic creation, and the one
-reader and writer of each JSON file (their dataclasses: launcher/rundir/records.py).
-
-The run dir is the contract between the launcher and the ranks. The launcher writes the
-first group (config.yaml, plan.json, launch.sh, the engine settings, hostfile, resume_from,
-the job script) in one atomic step, a hidden temp dir renamed into place, so a run dir
-either exists complete or not at all; after that, each file has exactly one writer (the
-table in docs/design.md; each record's docstring names its writer).
+"""The run dir, the contract between the launcher and the ranks: every file name in it, its
+atomic creation, and the one reader and writer of each JSON file (their dataclasses:
+records.py; who writes what: the table in docs/design.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -54,6 +51,7 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
 EXAMPLES = "examples.json"
+DOCTOR = "doctor.json"
 LOGS = "logs"
 PROBES = "probes"
 HUNG_EXIT = 76
@@ -61,16 +59,9 @@ HUNG_EXIT = 76
 job's) when the run ended that way: resumable from the last complete checkpoint, like
 75 (stopped). Here because it is a contract between the ranks and the launcher."""
 HANG = "hang"
-"""RUN_DIR/hang/: rank-<R>.txt (every thread's stack) and rank-<R>.json (HangRecord),
-written by rank R's hang watchdog (launcher/rank/watchdog.py)."""
 STARTUP = "startup"
-"""RUN_DIR/startup/rank-<R>.json: a rank about to join the process group (StartupRecord)."""
-DOCTOR = "doctor.json"
-DOCTOR_DIR = "doctor"
-"""`ftl doctor`'s files: doctor.json (rank 0: the checks' rows), doctor/ (its probe files)."""
 TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
-"""checkpoint-N/COMPLETE: the checkpoint is whole (launcher/rank/checkpoints.py)."""
 
 
 def job_script_name(scheduler: str) -> str:
@@ -80,6 +71,14 @@ def job_script_name(scheduler: str) -> str:
 
 def _file(name: str) -> property:
     return property(lambda self: self.path / name)
+
+
+def _json_file(
+    name: str, record: type[R], indent: int | None = None
+) -> tuple[Callable[[RunDir], R | None], Callable[[RunDir, R], None]]:
+    """The reader and the writer of the run dir's file `name`, which holds one `record`."""
+    return (lambda self: _read_optional(self.path / name, record),
+            lambda self, value: _write(self.path / name, value, indent))
 
 
 @dataclass(frozen=True)
@@ -116,21 +115,20 @@ class RunDir:
     preempted = _file(PREEMPTED)
     cancel_requested = _file(CANCEL_REQUESTED)
     startup = _file(STARTUP)
-    doctor = _file(DOCTOR)
-    doctor_dir = _file(DOCTOR_DIR)
+    doctor = _file(DOCTOR)  # rank 0 of `ftl doctor`: the checks' rows
+    doctor_dir = _file("doctor")  # its token files
 
-    def write_doctor(self, report: DoctorReport) -> None:
-        write_file_atomic(self.doctor, json.dumps(report.to_dict(), indent=2) + "\n")
-
-    def read_doctor(self) -> DoctorReport | None:
-        return _read_optional(self.doctor, DoctorReport)
+    read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
+    read_result, write_result = _json_file(RESULT, RunResult, indent=2)
+    read_examples, write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)
+    read_preempted, write_preempted = _json_file(PREEMPTED, Preempted)
+    read_trackers, write_trackers = _json_file(TRACKERS, TrackerRuns)
 
     def startup_file(self, rank: int) -> Path:
         return self.startup / f"rank-{rank}.json"
 
     def write_startup(self, record: StartupRecord) -> None:
-        self.startup.mkdir(exist_ok=True)
-        write_file_atomic(self.startup_file(record.rank), json.dumps(record.to_dict()) + "\n")
+        _write(self.startup_file(record.rank), record)
 
     def started_nodes(self) -> set[int]:
         """The nodes whose batch-job task started its launcher (startup/node-<N>.json)."""
@@ -140,12 +138,8 @@ class RunDir:
     def read_startups(self) -> dict[int, StartupRecord]:
         """rank -> its start-up record, for the ranks that wrote one (this launch's: the
         records of an earlier start of a requeued job are replaced as its ranks start)."""
-        found = {}
-        for path in self.startup.glob("rank-*.json"):
-            record = _read_optional(path, StartupRecord)
-            if record is not None:
-                found[record.rank] = record
-        return found
+        found = (_read_optional(p, StartupRecord) for p in self.startup.glob("rank-*.json"))
+        return {record.rank: record for record in found if record is not None}
 
     def rank_error(self, rank: int | str) -> Path:
         return self.logs / f"rank{rank}.error"
@@ -164,10 +158,7 @@ class RunDir:
         return self.hang / f"rank-{rank}.fr.json"
 
     def write_hang(self, record: HangRecord) -> None:
-        """Atomic: a reader (another rank counting peers, `ftl train`) sees it whole."""
-        self.hang.mkdir(exist_ok=True)
-        write_file_atomic(self.hang_record_file(record.rank),
-                          json.dumps(record.to_dict()) + "\n")
+        _write(self.hang_record_file(record.rank), record)
 
     def read_hangs(self) -> list[HangRecord]:
         """Every rank's hang record, by rank; unreadable ones are skipped."""
@@ -181,24 +172,6 @@ class RunDir:
 
     def read_plan(self) -> PlanRecord:
         return PlanRecord.from_dict(json.loads(self.plan.read_text()))
-
-    def write_result(self, result: RunResult) -> None:
-        self.result.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-
-    def read_result(self) -> RunResult | None:
-        return _read_optional(self.result, RunResult)
-
-    def write_examples(self, record: ExamplesRecord) -> None:
-        self.examples.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
-
-    def read_examples(self) -> ExamplesRecord | None:
-        return _read_optional(self.examples, ExamplesRecord)
-
-    def write_preempted(self, record: Preempted) -> None:
-        self.preempted.write_text(json.dumps(record.to_dict()) + "\n")
-
-    def read_preempted(self) -> Preempted | None:
-        return _read_optional(self.preempted, Preempted)
 
     def record_launch(self, world_size: int, resumed_from: str | None,
                       start_step: int) -> LaunchRecord:
@@ -223,18 +196,11 @@ class RunDir:
         """Every event so far; a line still being written (or torn) is skipped."""
         return [MetricsEvent.from_dict(d) for d in _read_lines(self.metrics) if "step" in d]
 
-    def write_trackers(self, record: TrackerRuns) -> None:
-        write_file_atomic(self.trackers, json.dumps(record.to_dict()) + "\n")
-
-    def read_trackers(self) -> TrackerRuns | None:
-        return _read_optional(self.trackers, TrackerRuns)
-
     def rank_metrics_file(self, rank: int) -> Path:
         return self.rank_metrics / f"rank{rank}.json"
 
     def write_rank_metrics(self, record: RankMetrics) -> None:
-        self.rank_metrics.mkdir(exist_ok=True)
-        self.rank_metrics_file(record.rank).write_text(json.dumps(record.to_dict()) + "\n")
+        _write(self.rank_metrics_file(record.rank), record)
 
     def read_rank_metrics(self, rank: int) -> RankMetrics | None:
         return _read_optional(self.rank_metrics_file(rank), RankMetrics)
@@ -247,12 +213,18 @@ class RunDir:
 def write_complete_marker(checkpoint: Path, step: int, world_size: int, tp: int = 1,
                           sp: int = 1) -> None:
     """Rank 0 only, after every rank has finished writing `checkpoint`."""
-    marker = CompleteMarker(step, world_size, time.time(), tp, sp)
-    write_file_atomic(checkpoint / COMPLETE_MARKER, json.dumps(marker.to_dict()) + "\n")
+    _write(checkpoint / COMPLETE_MARKER, CompleteMarker(step, world_size, time.time(), tp, sp))
 
 
 def read_complete_marker(checkpoint: Path) -> CompleteMarker | None:
     return _read_optional(checkpoint / COMPLETE_MARKER, CompleteMarker)
+
+
+def _write(path: Path, record: Record, indent: int | None = None) -> None:
+    """Every record file is written whole or not at all: its readers (other ranks, `ftl
+    train`, `ftl status`) may read it at any moment."""
+    path.parent.mkdir(exist_ok=True)
+    write_file_atomic(path, json.dumps(record.to_dict(), indent=indent) + "\n")
 
 
 def _read_optional(path: Path, record: type[R]) -> R | None:
@@ -270,17 +242,12 @@ def _append(path: Path, data: dict[str, Any]) -> None:
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file; others (a torn last line) are skipped."""
-    if not path.is_file():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
+    values = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                values.append(json.loads(line))
+    return [value for value in values if isinstance(value, dict)]
 
 
 def new_run_dir_path(output_dir: str, run_name: str, now: datetime | None = None) -> Path:
