@@ -1,9 +1,5 @@
-"""Configuration rules: pure functions of a RunConfig, each returning its problems.
-
-Each message names the key as typed on the command line, its value, and the fix. The one
-validation stage (launcher/config/validate.py) runs them together with the machine and scheduler
-checks and reports every problem at once.
-"""
+"""Configuration rules: pure functions of a RunConfig, each returning its problems, each
+naming the key as typed, its value and the fix (the one stage: launcher/config/validate.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +32,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
 Rule = Callable[[RunConfig], list[str]]
 
 
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every key checked against a list (read at the call: a scheduler may register after
+    import)."""
+    return {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS)}
+
+
 def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
@@ -49,8 +51,7 @@ def strategy_problems(cfg: RunConfig) -> list[str]:
     """Rules on the strategy the run will use (after strategy=auto is resolved)."""
     if backend_problems(cfg.strategy):
         return []  # config_problems names it
-    rules: list[Rule] = [_strategy, _peft]
-    return [problem for rule in rules for problem in rule(cfg)]
+    return _strategy(cfg) + _peft(cfg)
 
 
 def _get(cfg: RunConfig, dotted: str) -> object:
@@ -60,16 +61,10 @@ def _get(cfg: RunConfig, dotted: str) -> object:
 
 def _choices(cfg: RunConfig) -> list[str]:
     problems = []
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices().items():
         value = _get(cfg, key)
         if value not in allowed:
             problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
-    schedulers = (NO_SCHEDULER, *SCHEDULERS)  # read now: a scheduler may register after import
-    if cfg.cluster.scheduler not in schedulers:
-        problems.append(
-            f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
-            "Fix: pick one."
-        )
     problems += backend_problems(cfg.strategy)
     table = strategy_table()
     if cfg.strategy.name not in table:
@@ -254,26 +249,22 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
     ]
 
 
-QLORA_INSTALL = "pip install 'ftlaunch[qlora]'"
-"""bitsandbytes is an extra (pyproject.toml): heavy, and only QLoRA uses it."""
-
-
 def _qlora_installed(cfg: RunConfig) -> list[str]:
-    """Refused here, not as an ImportError on every rank after the launch."""
+    """Refused here, not as an ImportError on every rank after the launch. bitsandbytes is
+    an extra (pyproject.toml): heavy, and only QLoRA uses it."""
     if cfg.peft.name != "qlora" or _module_exists("bitsandbytes"):
         return []
     return [
         "peft=qlora: bitsandbytes (QLoRA's 4-bit kernels) is not installed in this "
-        f"environment. Fix: {QLORA_INSTALL} (from a checkout: pip install -e '.[qlora]'), "
-        "or peft=lora."
+        "environment. Fix: pip install 'ftlaunch[qlora]' (from a checkout: pip install -e "
+        "'.[qlora]'), or peft=lora."
     ]
 
 
 def _multi_node(cfg: RunConfig) -> list[str]:
     cluster = cfg.cluster
-    if cluster.scheduler != NO_SCHEDULER or cluster.nodes == 1 or cluster.launcher != "deepspeed":
-        return []
-    if cluster.hostfile:
+    if cluster.scheduler != NO_SCHEDULER or cluster.nodes == 1 or \
+            cluster.launcher != "deepspeed" or cluster.hostfile:
         return []
     return [
         f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
@@ -360,10 +351,8 @@ def _watchdog(cfg: RunConfig) -> list[str]:
 def _module_exists(module: str) -> bool:
     """Importable from the installed packages, or as a file under the working directory
     (the ranks run `python -m launcher.rank.worker` from it, which puts it on sys.path)."""
-    relative = Path(*module.split("."))
-    if (Path.cwd() / relative.with_suffix(".py")).is_file():
-        return True
-    if (Path.cwd() / relative / "__init__.py").is_file():
+    local = Path.cwd().joinpath(*module.split("."))
+    if local.with_suffix(".py").is_file() or (local / "__init__.py").is_file():
         return True
     try:
         return importlib.util.find_spec(module) is not None
