@@ -1,18 +1,8 @@
-"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run] [-m]`,
-`ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID`.
-
-submit: compose + validate every job first (a sweep submits nothing unless every
-combination is valid), then per job: write the run dir with its job script in one atomic
-step (launch.write_run), submit it (not with --dry-run), record the job id, print job id,
-run dir and log paths. A bare `ftl submit` uses the default scheduler's cluster preset
-(launcher/schedulers/base.py). --dry-run prints the job script even where this machine could not
-hold the run (its checks become warnings).
-Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
-parser and BasicSweeper), one job per combination.
-
-cancel: a running job stops for good after a checkpoint: RUN_DIR/cancel.requested, then
-preempt.requested, which the ranks poll; the job script then exits STOPPED_EXIT (75)
-without requeueing. A pending job is cancelled by the scheduler.
+"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run]
+[-m]`, `ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID` (docs/design.md, "The
+scheduler seam"). submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`,
+expanded by Hydra's own parser and BasicSweeper) submits nothing unless every combination
+is valid; --dry-run prints the job script even where this machine could not hold the run.
 """
 
 from __future__ import annotations
