@@ -24,11 +24,11 @@ CHOSEN_FIELDS = (
 )
 
 
-def strategy_table(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+def strategy_table() -> dict[str, StrategyConfig]:
     """name -> settings of every strategy in configs/strategy/ (auto included)."""
-    from launcher.config.compose import config_dir as default_config_dir
+    from launcher.config.compose import config_dir
 
-    return dict(_load(config_dir or default_config_dir()))
+    return dict(_load(config_dir()))
 
 
 @cache
@@ -42,17 +42,17 @@ def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
     return tuple(table)
 
 
-def concrete_strategies(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+def concrete_strategies() -> dict[str, StrategyConfig]:
     """Every strategy a run can use (not `auto`, which resolves to one of them)."""
-    return {n: s for n, s in strategy_table(config_dir).items() if not is_auto(s)}
+    return {n: s for n, s in strategy_table().items() if not is_auto(s)}
 
 
-def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[str, ...]:
+def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
     """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
     those of one sharding engine (deepspeed by default; fsdp when asked with
     strategy.backend=fsdp)."""
     ranked = [
-        s for s in concrete_strategies(config_dir).values()
+        s for s in concrete_strategies().values()
         if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
     ]
     return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
