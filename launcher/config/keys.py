@@ -136,9 +136,7 @@ def render(keys: list[Key]) -> str:
 
 
 def _show(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        return json.dumps(value)
-    return value
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def keys_json(keys: list[Key]) -> str:
