@@ -13,13 +13,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from launcher.errors import ConfigError, DataError
 from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
-
-if TYPE_CHECKING:
-    from launcher.config.schema import RunConfig
 
 Verb = Callable[[argparse.Namespace], int]
 Arg = tuple[tuple[str, ...], dict[str, Any]]
@@ -90,8 +87,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.run.launch import check
 
     checked = check(args.overrides, "estimate")
-    cfg, est = checked.cfg, checked.estimate
-    tokens = counted_tokens(cfg) if args.count_tokens else None
+    cfg, est, tokens = checked.cfg, checked.estimate, None
+    # the run's tokens unless train.max_steps sets the step count; tokenized and cached
+    # now if not yet (this loads transformers, so only on request)
+    if args.count_tokens and cfg.train.max_steps <= 0:
+        from launcher.data.preprocess import data_dir, ensure_prepared
+
+        prepared = ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate")
+        tokens = int(prepared.tokens * cfg.train.epochs)
     if tokens is not None or est is None:
         est = estimate(cfg, tokens=tokens)
     chosen = chosen_strategy(cfg, est)
@@ -100,18 +103,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         print(render_estimate_table(cfg, est, chosen).rstrip("\n"))
     return 0
-
-
-def counted_tokens(cfg: RunConfig) -> int | None:
-    """Tokens of the whole run, from the tokenized data (preprocessed and cached now if it
-    is not yet; loads transformers, so only on request). With train.max_steps set the step
-    count rules."""
-    if cfg.train.max_steps > 0:
-        return None
-    from launcher.data.preprocess import data_dir, ensure_prepared
-
-    return int(ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate").tokens
-               * cfg.train.epochs)
 
 
 @verb("train", "write the run dir and train on this machine (torchrun or deepspeed)", OVERRIDES)
