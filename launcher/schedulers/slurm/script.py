@@ -112,7 +112,6 @@ def render_sbatch(
         "set -uo pipefail",
         f"export {RUN_DIR_VAR}={q(run_dir)}",
         *_start_lines(),
-        *_trap_lines(),
     ]
     if tool_dir is not None:
         lines += ["", 'export PATH=' + q(str(tool_dir)) + ':"$PATH"']
@@ -128,7 +127,8 @@ def render_sbatch(
 
 def _start_lines() -> list[str]:
     """Clear the previous start's stop request (a requeued job runs this again); honour an
-    `ftl cancel` that came before or while this runs (it writes cancel.requested first)."""
+    `ftl cancel` that came before or while this runs (it writes cancel.requested first);
+    then the batch shell's traps."""
     return [
         f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
         '    echo "ftl: cancelled by \\`ftl cancel\\` before this start; not training"',
@@ -138,11 +138,6 @@ def _start_lines() -> list[str]:
         f'rm -rf "$FTL_RUN_DIR"/{HANG}  # an earlier start\'s hang (a requeue by hand)',
         f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # who starts is recorded afresh at each start',
         f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
-    ]
-
-
-def _trap_lines() -> list[str]:
-    return [
         "",
         "# USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel",
         "# --full` or `--batch`) and INT: ask the ranks to save a checkpoint at the next step",
