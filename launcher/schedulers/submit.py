@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import launcher.schedulers.base
+from launcher.config.compose import override_key
 from launcher.errors import ConfigError
 from launcher.run.hang_report import hang_lines
 from launcher.run.supervise import STOPPED_EXIT
@@ -37,7 +38,7 @@ def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) 
 
 def with_default_cluster(overrides: list[str]) -> list[str]:
     """`ftl submit` / `make submit` without a cluster= choice: the default scheduler's."""
-    chosen = any(o.split("=", 1)[0].lstrip("+~") == "cluster" for o in overrides if "=" in o)
+    chosen = any(override_key(o) == "cluster" for o in overrides if "=" in o)
     default = launcher.schedulers.base.DEFAULT_SCHEDULER  # its preset: configs/cluster/<name>.yaml
     return overrides if chosen else [f"cluster={default}", *overrides]
 
