@@ -7,8 +7,7 @@ merged into the typed StrategyConfig, exactly as Hydra does when it composes `st
 
 from __future__ import annotations
 
-import copy
-from dataclasses import fields
+from dataclasses import fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -61,10 +60,7 @@ def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
 def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:
     """A copy of the table's `entry` with every non-CHOSEN_FIELDS value the user set next
     to strategy=auto (`user`: cfg.strategy) that differs from the schema's default."""
-    chosen = copy.deepcopy(entry)  # the table is cached: never mutate it
     defaults = StrategyConfig(name="auto", backend="auto")
-    for f in fields(StrategyConfig):
-        value = getattr(user, f.name)
-        if f.name not in CHOSEN_FIELDS and value != getattr(defaults, f.name):
-            setattr(chosen, f.name, value)
-    return chosen
+    given = {f.name: getattr(user, f.name) for f in fields(StrategyConfig)
+             if f.name not in CHOSEN_FIELDS and getattr(user, f.name) != getattr(defaults, f.name)}
+    return replace(entry, **given)  # a new object: the cached table is never mutated
