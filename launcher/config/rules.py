@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import asdict
+from operator import attrgetter
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
@@ -54,15 +55,10 @@ def strategy_problems(cfg: RunConfig) -> list[str]:
     return _strategy(cfg) + _peft(cfg)
 
 
-def _get(cfg: RunConfig, dotted: str) -> object:
-    section, key = dotted.split(".")
-    return getattr(getattr(cfg, section), key)
-
-
 def _choices(cfg: RunConfig) -> list[str]:
     problems = []
     for key, allowed in choices().items():
-        value = _get(cfg, key)
+        value = attrgetter(key)(cfg)
         if value not in allowed:
             problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
     problems += backend_problems(cfg.strategy)
@@ -84,9 +80,9 @@ POSITIVE = (
 
 def _positive(cfg: RunConfig) -> list[str]:
     problems = [
-        f"{key}={_get(cfg, key)}: must be greater than 0. Fix: set {key} to a positive value."
+        f"{key}={attrgetter(key)(cfg)}: must be greater than 0. Fix: set {key} to a positive value."
         for key in POSITIVE
-        if _get(cfg, key) <= 0  # type: ignore[operator]
+        if attrgetter(key)(cfg) <= 0  # type: ignore[operator]
     ]
     train = cfg.train
     if train.max_steps == 0 or train.max_steps < -1:
@@ -371,7 +367,7 @@ def _plain_names(cfg: RunConfig) -> list[str]:
     slash, `..` or an absolute path would write outside its root."""
     problems = []
     for key, (root, layout, example) in WRITTEN_NAMES.items():
-        value = str(_get(cfg, key))
+        value = str(attrgetter(key)(cfg))
         parts = value.split("/")
         if value.startswith("/") or ".." in parts:
             reason = "leaves"
