@@ -165,22 +165,16 @@ def status(target: str) -> int:
             "ago: schedulers keep ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
             "also reads the run's own state."
         )
-    lines: list[str] = []
     if info is not None:
-        lines.append(
-            f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
-            f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})"
-        )
+        job = (f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
+               f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})")
     elif job_id is not None:
-        lines.append(f"job {job_id}: no longer known to the scheduler (it keeps ended jobs "
-                     "briefly)")
+        job = f"job {job_id}: no longer known to the scheduler (it keeps ended jobs briefly)"
     else:
-        lines.append("job: none recorded (not submitted, or a dry run)")
-    if run_dir is None:
-        lines.append("run dir: unknown (the job was not submitted by `ftl submit`)")
-    else:
-        lines += run_dir_lines(RunDir(run_dir))
-    print("\n".join(lines))
+        job = "job: none recorded (not submitted, or a dry run)"
+    run = (run_dir_lines(RunDir(run_dir)) if run_dir is not None
+           else ["run dir: unknown (the job was not submitted by `ftl submit`)"])
+    print("\n".join([job, *run]))
     return 0
 
 
