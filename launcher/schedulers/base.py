@@ -11,7 +11,7 @@ exit launcher.run.supervise.STOPPED_EXIT when the ranks saved a complete checkpo
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -78,6 +78,5 @@ class Scheduler(Protocol):
 
 
 def get_scheduler(name: str) -> Scheduler:
-    module_name, class_name = SCHEDULERS[name].split(":")
-    scheduler: Scheduler = getattr(importlib.import_module(module_name), class_name)()
+    scheduler: Scheduler = pkgutil.resolve_name(SCHEDULERS[name])()
     return scheduler
