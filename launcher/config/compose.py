@@ -42,8 +42,7 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
-    cfg = compose_dict(overrides)
-    run_config = to_run_config(cfg)
+    run_config = to_run_config(compose_dict(overrides))
     notice = own_eval_set(run_config, overrides)
     if notice:
         print(f"ftl: {notice}", file=sys.stderr)
