@@ -79,40 +79,28 @@ POSITIVE = (
 
 
 def _positive(cfg: RunConfig) -> list[str]:
-    problems = [
-        f"{key}={attrgetter(key)(cfg)}: must be greater than 0. Fix: set {key} to a positive value."
-        for key in POSITIVE
-        if attrgetter(key)(cfg) <= 0  # type: ignore[operator]
+    train, cluster = cfg.train, cfg.cluster
+    checks: list[tuple[str, bool, str]] = [  # key, whether its value is wrong, why and fix
+        *((key, attrgetter(key)(cfg) <= 0,
+           f"must be greater than 0. Fix: set {key} to a positive value.") for key in POSITIVE),
+        ("train.max_steps", train.max_steps == 0 or train.max_steps < -1,
+         "must be a positive step count, or -1 to run train.epochs epochs. "
+         "Fix: e.g. train.max_steps=1000."),
+        ("train.epochs", train.max_steps == -1 and train.epochs <= 0,
+         "must be greater than 0 when train.max_steps=-1. "
+         "Fix: train.epochs=1 or set train.max_steps."),
+        ("train.save_total_limit", train.save_total_limit < 0 or train.save_total_limit == 1,
+         "keep 0 (all checkpoints) or at least 2; with 1 the oldest is deleted before the "
+         "newest is complete, so a crash then leaves nothing to resume from. "
+         "Fix: train.save_total_limit=2."),
+        ("train.eval_steps", train.eval_steps < 0, "must be >= 0 (0: at the end)."),
+        ("train.warmup_ratio", not 0 <= train.warmup_ratio < 1, "must be in [0, 1)."),
+        ("train.mfu", train.mfu > 1, "a utilisation in (0, 1]. Fix: e.g. 0.4."),
+        ("cluster.master_port", not 0 < cluster.master_port < 65536, "not a TCP port."),
+        ("cluster.network_gb_s", cluster.network_gb_s < 0,
+         "a bandwidth >= 0 (0: unknown). Fix: e.g. cluster.network_gb_s=0."),
     ]
-    train = cfg.train
-    if train.max_steps == 0 or train.max_steps < -1:
-        problems.append(
-            f"train.max_steps={train.max_steps}: must be a positive step count, or -1 to run "
-            "train.epochs epochs. Fix: e.g. train.max_steps=1000."
-        )
-    if train.max_steps == -1 and train.epochs <= 0:
-        problems.append(
-            f"train.epochs={train.epochs}: must be greater than 0 when train.max_steps=-1. "
-            "Fix: train.epochs=1 or set train.max_steps."
-        )
-    if train.save_total_limit < 0 or train.save_total_limit == 1:
-        problems.append(
-            f"train.save_total_limit={train.save_total_limit}: keep 0 (all checkpoints) or at "
-            "least 2; with 1 the oldest is deleted before the newest is complete, so a crash "
-            "then leaves nothing to resume from. Fix: train.save_total_limit=2."
-        )
-    if train.eval_steps < 0:
-        problems.append(f"train.eval_steps={train.eval_steps}: must be >= 0 (0: at the end).")
-    if not 0 <= train.warmup_ratio < 1:
-        problems.append(f"train.warmup_ratio={train.warmup_ratio}: must be in [0, 1).")
-    if train.mfu > 1:
-        problems.append(f"train.mfu={train.mfu}: a utilisation in (0, 1]. Fix: e.g. 0.4.")
-    if not 0 < cfg.cluster.master_port < 65536:
-        problems.append(f"cluster.master_port={cfg.cluster.master_port}: not a TCP port.")
-    if cfg.cluster.network_gb_s < 0:
-        problems.append(f"cluster.network_gb_s={cfg.cluster.network_gb_s}: a bandwidth >= 0 "
-                        "(0: unknown). Fix: e.g. cluster.network_gb_s=0.")
-    return problems
+    return [f"{key}={attrgetter(key)(cfg)}: {why}" for key, wrong, why in checks if wrong]
 
 
 def _precision(cfg: RunConfig) -> list[str]:
@@ -169,55 +157,44 @@ def _batch(cfg: RunConfig) -> list[str]:
 
 
 def _model(cfg: RunConfig) -> list[str]:
-    model, problems = cfg.model, []
-    if model.num_heads <= 0 or model.hidden_size % model.num_heads:
-        problems.append(
-            f"model.num_heads={model.num_heads}: must divide model.hidden_size="
-            f"{model.hidden_size}. Fix: correct the model's architecture numbers."
-        )
-    if model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1):
-        problems.append(
-            f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
-            f"{model.num_heads}. Fix: correct the model's architecture numbers."
-        )
-    if not model.tokenizer and not model.path:
-        problems.append(
-            f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
-            "Fix: set model.tokenizer to a tokenizer directory or hub id."
-        )
-    if cfg.dataset.max_length > model.max_position_embeddings:
-        problems.append(
-            f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
-            f"model.max_position_embeddings={model.max_position_embeddings}. "
-            f"Fix: dataset.max_length={model.max_position_embeddings} or less."
-        )
-    return problems
+    model = cfg.model
+    checks = [  # whether it is wrong, and the problem
+        (model.num_heads <= 0 or model.hidden_size % model.num_heads,
+         f"model.num_heads={model.num_heads}: must divide model.hidden_size="
+         f"{model.hidden_size}. Fix: correct the model's architecture numbers."),
+        (model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1),
+         f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
+         f"{model.num_heads}. Fix: correct the model's architecture numbers."),
+        (not model.tokenizer and not model.path,
+         f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
+         "Fix: set model.tokenizer to a tokenizer directory or hub id."),
+        (cfg.dataset.max_length > model.max_position_embeddings,
+         f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
+         f"model.max_position_embeddings={model.max_position_embeddings}. "
+         f"Fix: dataset.max_length={model.max_position_embeddings} or less."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _peft(cfg: RunConfig) -> list[str]:
-    peft, problems = cfg.peft, []
-    if peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0):
-        problems.append(f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive.")
-    if peft.name == "lora" and peft.bits != 16:
-        problems.append(
-            f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
-            "Fix: peft.bits=16, or peft=qlora for a 4-bit base."
-        )
-    if peft.name == "qlora" and peft.bits != 4:
-        problems.append(
-            f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
-            "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."
-        )
-    if peft.name == "qlora" and not cfg.model.path:
-        problems.append(
-            f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
-            "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."
-        )
-    if peft.name == "qlora" and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3:
-        problems.append(
-            f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
-            "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
-        )
+    peft, qlora = cfg.peft, cfg.peft.name == "qlora"
+    checks = [  # whether it is wrong, and the problem
+        (peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0),
+         f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive."),
+        (peft.name == "lora" and peft.bits != 16,
+         f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
+         "Fix: peft.bits=16, or peft=qlora for a 4-bit base."),
+        (qlora and peft.bits != 4,
+         f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
+         "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."),
+        (qlora and not cfg.model.path,
+         f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
+         "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."),
+        (qlora and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3,
+         f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
+         "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."),
+    ]
+    problems = [problem for wrong, problem in checks if wrong]
     return problems + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
 
 
