@@ -108,18 +108,16 @@ def _precision(cfg: RunConfig) -> list[str]:
     preset = GPU_PRESETS.get(gpu)
     if preset is None:
         return []
-    if name == "fp16" and not preset.supports_fp16:
-        where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
-        return [
-            f"precision=fp16: {where} cannot run fp16 mixed precision. "
-            "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."
-        ]
-    if name == "bf16" and not preset.supports_bf16:
-        return [
-            f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
-            "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."
-        ]
-    return []
+    where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
+    checks = [  # whether it is wrong, and the problem
+        (name == "fp16" and not preset.supports_fp16,
+         f"precision=fp16: {where} cannot run fp16 mixed precision. "
+         "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."),
+        (name == "bf16" and not preset.supports_bf16,
+         f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
+         "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _strategy(cfg: RunConfig) -> list[str]:
@@ -248,28 +246,26 @@ def _multi_node(cfg: RunConfig) -> list[str]:
 
 
 def _eval(cfg: RunConfig) -> list[str]:
-    data, train, problems = cfg.dataset, cfg.train, []
-    if not 0 <= data.eval_fraction < 1:
-        problems.append(
-            f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
-            "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."
-        )
+    data, train = cfg.dataset, cfg.train
     no_eval_set = not data.eval_path and data.eval_fraction == 0
     asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
     asked += ["train.eval_on_start=true"] if train.eval_on_start else []
     # the prompts launcher/inference/examples.py answers are the eval set's
     asked += [f"train.show_examples={train.show_examples}"] if train.show_examples > 0 else []
-    if no_eval_set and asked:
-        problems.append(
-            f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
-            "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
-            "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
-            "without evaluation."
-        )
-    if train.show_examples < 0:
-        problems.append(f"train.show_examples={train.show_examples}: a number of held-out "
-                        "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none.")
-    return problems
+    checks = [  # whether it is wrong, and the problem
+        (not 0 <= data.eval_fraction < 1,
+         f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
+         "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
+        (no_eval_set and asked,
+         f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
+         "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
+         "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
+         "without evaluation."),
+        (train.show_examples < 0,
+         f"train.show_examples={train.show_examples}: a number of held-out "
+         "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _columns(cfg: RunConfig) -> list[str]:
