@@ -1,20 +1,14 @@
 """The sbatch job script, as pure text (SlurmScheduler.render). Its layout, top to bottom,
-is in docs/design.md ("The scheduler seam"); why each piece, measured: docs/stack-notes.md.
-
-Every stop is RUN_DIR/preempt.requested, which every rank polls at step ends
-(launcher/rank/preempt.py) whatever launcher sits between srun and the ranks; the ranks
-then agree, save a complete checkpoint, stop, and rank 0 writes RUN_DIR/preempted. It is
-touched by the batch shell's USR1/TERM/INT traps (bash runs a trap only when its
-foreground child exits, hence `& wait`), by each node's task on a step's TERM/INT, by
-rank 0 when a rank caught TERM/INT, and by `ftl cancel`, which first writes
-RUN_DIR/cancel.requested (exit STOPPED_EXIT, never requeued).
+and who asks the ranks to stop are in docs/design.md ("The scheduler seam"); why each
+piece, measured: docs/stack-notes.md. Every stop is RUN_DIR/preempt.requested, which every
+rank polls at step ends (launcher/rank/preempt.py) whatever launcher sits between srun and
+the ranks; bash runs a trap only when its foreground child exits, hence `& wait`.
 
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
 treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
-are refused everywhere (rules.py: a newline would start a new script line). Secrets (HF_TOKEN,
-WANDB_API_KEY, ...) reach the job through the environment (sbatch's default --export=ALL)
-and are never written into the script.
+are refused everywhere (rules.py: a newline would start a new script line). Secrets reach
+the job through the environment (sbatch's default --export=ALL), never the script.
 """
 
 from __future__ import annotations
@@ -97,12 +91,9 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
 def render_sbatch(
     cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
 ) -> str:
-    """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
-
-    launch: the per-node command (launcher.run.planner.plan_launch). tool_dir: a directory
-    prepended to PATH (the submitting venv's bin, where torchrun and deepspeed live);
-    cluster.setup lines run after it and may replace it.
-    """
+    """The whole job script; pure (the snapshot tests rely on it). launch: the per-node
+    command (planner.plan_launch). tool_dir: prepended to PATH (the submitting venv's bin,
+    where torchrun and deepspeed live); cluster.setup lines run after it and may replace it."""
     run_dir = str(run_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", *sbatch_options(cfg, run_dir)]
