@@ -22,7 +22,6 @@ Each tracker's integration imports the package of its name on rank 0."""
 
 WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
 """WANDB_MODE values under which wandb never talks to a server, so needs no key."""
-MLFLOW_DB = "mlflow.db"
 
 
 def requested(cfg: RunConfig) -> list[str]:
@@ -53,4 +52,4 @@ def default_mlflow_uri(cfg: RunConfig) -> str:
     absolute at compose), shared by every run and launch under it, so a resume (which
     looks for its checkpoint there too) finds its tracker run. MLflow's own default is
     sqlite in the working directory, which differs between a shell and a batch job."""
-    return f"sqlite:///{Path(cfg.run.output_dir) / MLFLOW_DB}"
+    return f"sqlite:///{Path(cfg.run.output_dir) / 'mlflow.db'}"
