@@ -195,16 +195,11 @@ def _doctor_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
 
 
 def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
-    """The srun task: this node's launcher where a step's TERM/INT cannot reach it.
-
-    `scancel -s TERM JOB` signals the task's process group (proctrack/pgid) or every
-    process of the step (proctrack/cgroup), and torchrun or the deepspeed launcher would
-    kill the ranks 30 s later, mid-save. So the launcher runs in a session of its own
-    (setsid) with TERM and INT ignored, torchrun's agent handles neither
-    (PET_SIGNALS_TO_HANDLE), and this shell turns them into the stop request. Left open:
-    under cgroup deepspeed's launch.py installs its own TERM/INT handlers and still gives
-    the ranks 30 s.
-    """
+    """The srun task: this node's launcher in a session of its own (setsid) with TERM/INT
+    ignored and torchrun's agent handling neither (PET_SIGNALS_TO_HANDLE), so a step's
+    TERM/INT (`scancel -s TERM JOB`) never makes it kill the ranks 30 s into their save;
+    this shell turns them into the stop request (docs/stack-notes.md). Left open: under
+    cgroup deepspeed's launch.py installs its own TERM/INT handlers, still 30 s for the ranks."""
     shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
     argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
     command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
