@@ -18,6 +18,8 @@ from launcher.config.schema import GROUPS, RunConfig, register_configs
 from launcher.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("model.path", "model.tokenizer", "dataset.path", "dataset.eval_path")
+"""The keys naming a local path or a hub id."""
 
 
 def cache_home() -> Path:
@@ -163,11 +165,10 @@ def override_key(override: str) -> str:
 
 def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
     """Make local file paths absolute (ranks may start elsewhere); hub ids stay as given."""
-    model, dataset = run_config.model, run_config.dataset
-    model.path = local_or_as_is(model.path, cwd)
-    model.tokenizer = local_or_as_is(model.tokenizer, cwd)
-    dataset.path = local_or_as_is(dataset.path, cwd)
-    dataset.eval_path = local_or_as_is(dataset.eval_path, cwd)
+    for section, key in (source.split(".") for source in SOURCES):
+        part = getattr(run_config, section)
+        setattr(part, key, local_or_as_is(getattr(part, key), cwd))
+    dataset = run_config.dataset
     run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
     if dataset.cache_dir:
         dataset.cache_dir = str((cwd / os.path.expanduser(dataset.cache_dir)).resolve())

@@ -9,10 +9,12 @@ import re
 import shutil
 import socket
 from collections.abc import Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config import trackers
+from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
@@ -76,13 +78,8 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
 
 
 def missing_sources(cfg: RunConfig) -> list[str]:
-    sources = [
-        ("model.path", cfg.model.path),
-        ("model.tokenizer", cfg.model.tokenizer),
-        ("dataset.path", cfg.dataset.path),
-        ("dataset.eval_path", cfg.dataset.eval_path),
-    ]
-    remote = [(key, value) for key, value in sources if value and not Path(value).exists()]
+    sources = {key: attrgetter(key)(cfg) for key in SOURCES}
+    remote = [(key, value) for key, value in sources.items() if value and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
     return [
