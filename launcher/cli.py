@@ -13,26 +13,36 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from launcher.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from launcher.config.schema import RunConfig
+from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
 
 Verb = Callable[[argparse.Namespace], int]
-VERBS: dict[str, tuple[str, Verb]] = {}
+Arg = tuple[tuple[str, ...], dict[str, Any]]
+VERBS: dict[str, tuple[str, Verb, tuple[Arg, ...]]] = {}
 
 
-def verb(name: str, help_text: str) -> Callable[[Verb], Verb]:
+def arg(*flags: str, **options: Any) -> Arg:
+    """One `add_argument` call, kept for the verb's parser."""
+    return flags, options
+
+
+OVERRIDES = arg("overrides", nargs="*", help="Hydra overrides, key=value")
+JSON = arg("--json", action="store_true", help="machine-readable")
+TARGET = arg("target", help="a run dir or a job id")
+
+
+def verb(name: str, help_text: str, *args: Arg) -> Callable[[Verb], Verb]:
     def register(function: Verb) -> Verb:
-        VERBS[name] = (help_text, function)
+        VERBS[name] = (help_text, function, args)
         return function
 
     return register
 
 
-@verb("plan", "write the run dir and print config, estimate, settings and command; no launch")
+@verb("plan", "write the run dir and print config, estimate, settings and command; no launch",
+      OVERRIDES)
 def cmd_plan(args: argparse.Namespace) -> int:
     from launcher.run.launch import prepare
     from launcher.run.planner import render_plan
@@ -42,7 +52,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-@verb("ds-config", "print (or write with -o FILE) the DeepSpeed config for the overrides")
+@verb("ds-config", "print (or write with -o FILE) the DeepSpeed config for the overrides",
+      arg("-o", "--output", help="write the JSON to this file"), OVERRIDES)
 def cmd_ds_config(args: argparse.Namespace) -> int:
     from launcher import rundir
     from launcher.engines.deepspeed.ds_config import deepspeed_strategies
@@ -65,7 +76,10 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
     return 0
 
 
-@verb("estimate", "per-strategy memory, fit and time table for the chosen model and cluster")
+@verb("estimate", "per-strategy memory, fit and time table for the chosen model and cluster",
+      JSON, arg("--count-tokens", action="store_true",
+                help="count the dataset's tokens with the model's tokenizer (slower)"),
+      OVERRIDES)
 def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.estimator.auto import chosen_strategy
     from launcher.estimator.estimate import estimate
@@ -73,8 +87,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.run.launch import check
 
     checked = check(args.overrides, "estimate")
-    cfg, est = checked.cfg, checked.estimate
-    tokens = counted_tokens(cfg) if args.count_tokens else None
+    cfg, est, tokens = checked.cfg, checked.estimate, None
+    # the run's tokens unless train.max_steps sets the step count; tokenized and cached
+    # now if not yet (this loads transformers, so only on request)
+    if args.count_tokens and cfg.train.max_steps <= 0:
+        from launcher.data.preprocess import data_dir, ensure_prepared
+
+        prepared = ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate")
+        tokens = int(prepared.tokens * cfg.train.epochs)
     if tokens is not None or est is None:
         est = estimate(cfg, tokens=tokens)
     chosen = chosen_strategy(cfg, est)
@@ -85,19 +105,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def counted_tokens(cfg: RunConfig) -> int | None:
-    """Tokens of the whole run, from the tokenized data (preprocessed and cached now if it
-    is not yet; loads transformers, so only on request). With train.max_steps set the step
-    count rules."""
-    if cfg.train.max_steps > 0:
-        return None
-    from launcher.data.preprocess import data_dir, ensure_prepared
-
-    return int(ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate").tokens
-               * cfg.train.epochs)
-
-
-@verb("train", "write the run dir and train on this machine (torchrun or deepspeed)")
+@verb("train", "write the run dir and train on this machine (torchrun or deepspeed)", OVERRIDES)
 def cmd_train(args: argparse.Namespace) -> int:
     from launcher.data.preprocess import ensure_prepared
     from launcher.run.launch import check, run_local, write_run
@@ -110,7 +118,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     return run_local(write_run(checked, args.overrides))
 
 
-@verb("preprocess", "tokenize (and pack) the dataset once into the cache the runs read")
+@verb("preprocess", "tokenize (and pack) the dataset once into the cache the runs read",
+      JSON, OVERRIDES)
 def cmd_preprocess(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -130,7 +139,8 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
-@verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement")
+@verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement",
+      arg("run_dir", help="outputs/<run.name>/<timestamp>"))
 def cmd_report(args: argparse.Namespace) -> int:
     from launcher.run.report import report
 
@@ -140,7 +150,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@verb("quantize", "INT8 post-training quantization of a model dir: error, perplexity, size")
+@verb("quantize", "INT8 post-training quantization of a model dir: error, perplexity, size",
+      arg("model_dir", help="outputs/<run.name>/<timestamp>/model"),
+      arg("-o", "--output", required=True, help="directory to write"),
+      arg("--scheme", choices=SCHEMES, default="absmax"),
+      arg("--granularity", choices=GRANULARITIES, default="channel"),
+      arg("--clip-percentile", type=float, default=None,
+          help="clip: keep this share of |weights| unclipped, in (50, 100); "
+          "default: the threshold with the least error"),
+      arg("--compare", action="store_true",
+          help="every scheme x granularity, ranked; writes the best"),
+      arg("--json", action="store_true", help="machine-readable summary"),
+      arg("--force", action="store_true", help="replace an existing -o dir"),
+      OVERRIDES)
 def cmd_quantize(args: argparse.Namespace) -> int:
     from launcher.inference.quantize_report import Request, quantize
 
@@ -152,14 +174,24 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return quantize(request, as_json=args.json)
 
 
-@verb("chat", "talk to a trained (or quantized) model: ftl chat MODEL_DIR [--prompt TEXT]")
+@verb("chat", "talk to a trained (or quantized) model: ftl chat MODEL_DIR [--prompt TEXT]",
+      arg("model_dir", help="a model/ dir or an ftl quantize output"),
+      arg("--prompt", help="one message; without it: a loop on stdin"),
+      arg("--system", help="a system message"),
+      arg("--max-new-tokens", type=int, default=128))
 def cmd_chat(args: argparse.Namespace) -> int:
     from launcher.inference.chat import chat
 
     return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens)
 
 
-@verb("submit", "write the run dir and job script and submit it (--dry-run: print it)")
+@verb("submit", "write the run dir and job script and submit it (--dry-run: print it)",
+      arg("--dry-run", action="store_true", help="write the run dir and print the job script only"),
+      arg("-m", "--multirun", action="store_true",
+          help="sweep: one job per combination of comma lists"),
+      arg("--doctor", action="store_true",
+          help="run ftl doctor's checks first; train if they pass"),
+      OVERRIDES)
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.schedulers.submit import submit
 
@@ -168,28 +200,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submit(overrides, dry_run=args.dry_run, multirun=args.multirun)
 
 
-@verb("doctor", "start the run's ranks and check what breaks multi-node jobs; one table")
+@verb("doctor", "start the run's ranks and check what breaks multi-node jobs; one table",
+      JSON, OVERRIDES)
 def cmd_doctor(args: argparse.Namespace) -> int:
     from launcher.doctor.verb import doctor
 
     return doctor(args.overrides, as_json=args.json)
 
 
-@verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID")
+@verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID", TARGET)
 def cmd_status(args: argparse.Namespace) -> int:
     from launcher.schedulers.submit import status
 
     return status(args.target)
 
 
-@verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID")
+@verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID", TARGET)
 def cmd_cancel(args: argparse.Namespace) -> int:
     from launcher.schedulers.submit import cancel
 
     return cancel(args.target)
 
 
-@verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]")
+@verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]",
+      JSON, arg("prefix", nargs="?", default="",
+                help="only keys starting with it, e.g. train. or strategy"))
 def cmd_keys(args: argparse.Namespace) -> int:
     from launcher.config.keys import all_keys, keys_json, render, select
 
@@ -205,59 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         "strategy=zero3 precision=bf16 cluster.nodes=2 train.lr=1e-5",
     )
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for name, (help_text, _) in VERBS.items():
+    for name, (help_text, _, args) in VERBS.items():
         verb_parser = sub.add_parser(name, help=help_text, description=help_text)
-        if name == "ds-config":
-            verb_parser.add_argument("-o", "--output", help="write the JSON to this file")
-        if name in ("estimate", "preprocess", "keys", "doctor"):
-            verb_parser.add_argument("--json", action="store_true", help="machine-readable")
-        if name == "estimate":
-            verb_parser.add_argument(
-                "--count-tokens", action="store_true",
-                help="count the dataset's tokens with the model's tokenizer (slower)")
-        if name == "submit":
-            verb_parser.add_argument("--dry-run", action="store_true",
-                                     help="write the run dir and print the job script only")
-            verb_parser.add_argument("-m", "--multirun", action="store_true",
-                                     help="sweep: one job per combination of comma lists")
-            verb_parser.add_argument("--doctor", action="store_true",
-                                     help="run ftl doctor's checks first; train if they pass")
-        if name == "quantize":
-            add_quantize_options(verb_parser)
-        if name == "chat":
-            verb_parser.add_argument("model_dir", help="a model/ dir or an ftl quantize output")
-            verb_parser.add_argument("--prompt", help="one message; without it: a loop on stdin")
-            verb_parser.add_argument("--system", help="a system message")
-            verb_parser.add_argument("--max-new-tokens", type=int, default=128)
-            continue
-        if name == "report":
-            verb_parser.add_argument("run_dir", help="outputs/<run.name>/<timestamp>")
-            continue
-        if name == "keys":
-            verb_parser.add_argument("prefix", nargs="?", default="",
-                                     help="only keys starting with it, e.g. train. or strategy")
-            continue
-        if name in ("status", "cancel"):
-            verb_parser.add_argument("target", help="a run dir or a job id")
-            continue
-        verb_parser.add_argument("overrides", nargs="*", help="Hydra overrides, key=value")
+        for flags, options in args:
+            verb_parser.add_argument(*flags, **options)
     return parser
-
-
-def add_quantize_options(parser: argparse.ArgumentParser) -> None:
-    from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
-
-    parser.add_argument("model_dir", help="outputs/<run.name>/<timestamp>/model")
-    parser.add_argument("-o", "--output", required=True, help="directory to write")
-    parser.add_argument("--scheme", choices=SCHEMES, default="absmax")
-    parser.add_argument("--granularity", choices=GRANULARITIES, default="channel")
-    parser.add_argument("--clip-percentile", type=float, default=None,
-                        help="clip: keep this share of |weights| unclipped, in (50, 100); "
-                        "default: the threshold with the least error")
-    parser.add_argument("--compare", action="store_true",
-                        help="every scheme x granularity, ranked; writes the best")
-    parser.add_argument("--json", action="store_true", help="machine-readable summary")
-    parser.add_argument("--force", action="store_true", help="replace an existing -o dir")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,21 +1,12 @@
-"""Where a launch's time goes before its first step (and after its last): start-up phases.
+"""Where a launch's time goes before its first step (and after its last): start-up phases,
+which rank 0 prints after the first step and appends to metrics.jsonl (docs/design.md,
+"Benchmarks"). The cost on the ranks is a handful of `time.time()` calls.
 
-Every launch pays its start-up again (every `ftl train`, every Slurm requeue), so each run
-shows it: rank 0 prints one line after the first step,
-
-    [ftl] start-up: 14.2 s to the end of the first step (s): compose+validate 0.61  ...
-
-and appends the same figures to metrics.jsonl as {"event": "startup", "startup": {phase:
-seconds}}; after the final eval and model save a {"event": "finish", "finish": {...}} line
-follows. The cost on the ranks is a handful of `time.time()` calls.
-
-Marks are wall-clock seconds (`time.time()`), so the `ftl` process and the ranks, which
-are different processes, share one clock; they are named after the moment that ends a
-phase. `ftl train` passes its own marks to the ranks in the environment (ENV, JSON naming
-the run dir, so a stale variable never applies to another run); ranks started by a
-scheduler or by `launch.sh` by hand have no such marks and report from their own process
-start on. A rank's process start is read from /proc (Linux); elsewhere "process launch"
-and "imports" show as one phase.
+Marks are wall-clock seconds, so the `ftl` process and the ranks share one clock; each is
+named after the moment that ends a phase. `ftl train` passes its marks to the ranks in ENV
+(JSON naming the run dir, so a stale variable never applies to another run); ranks started
+by a scheduler or by hand report from their own process start, read from /proc (Linux;
+elsewhere "process launch" and "imports" show as one phase).
 """
 
 from __future__ import annotations
@@ -67,9 +58,6 @@ class Marks:
     def has(self, name: str) -> bool:
         return name in self.marks
 
-    def clear(self) -> None:
-        self.marks.clear()
-
 
 MARKS = Marks()
 """The process-wide marks: the worker, its callbacks and `ftl train` add to them."""
@@ -96,16 +84,18 @@ def phases(marks: Mapping[str, float], order: tuple[tuple[str, str], ...] = STAR
     return out
 
 
+def _seconds(phases: Mapping[str, float]) -> str:
+    return "  ".join(f"{name} {seconds:.2f}" for name, seconds in phases.items())
+
+
 def startup_line(startup: Mapping[str, float]) -> str:
     """`[ftl] start-up: 14.2 s to the end of the first step (s): compose+validate 0.61  ...`."""
     total = sum(startup.values())
-    parts = "  ".join(f"{name} {seconds:.2f}" for name, seconds in startup.items())
-    return f"[ftl] start-up: {total:.1f} s to the end of the first step (s): {parts}"
+    return f"[ftl] start-up: {total:.1f} s to the end of the first step (s): {_seconds(startup)}"
 
 
 def finish_line(finish: Mapping[str, float]) -> str:
-    parts = "  ".join(f"{name} {seconds:.2f}" for name, seconds in finish.items())
-    return f"[ftl] finish (s): {parts}"
+    return f"[ftl] finish (s): {_seconds(finish)}"
 
 
 # ----------------------------------------------------------------- across processes
@@ -141,17 +131,17 @@ def process_start_time(pid: int | str = "self") -> float | None:
     return time.time() - age if age >= 0 else None
 
 
-def rank_startup(run_dir: str, marks: Marks = MARKS) -> dict[str, float]:
+def rank_startup(run_dir: str) -> dict[str, float]:
     """Phases of this launch up to its first step: the `ftl` process's marks (when it
     launched this run dir), the process start, then this rank's marks."""
     every = dict(inherited_marks(run_dir))
     started = process_start_time()
     if started is not None:
         every["process_start"] = started
-    every.update(marks.marks)
+    every.update(MARKS.marks)
     return phases(every)
 
 
-def finish(marks: Marks = MARKS) -> dict[str, float]:
+def finish() -> dict[str, float]:
     """Phases after the last step (empty for a launch that stopped early)."""
-    return phases(marks.marks, FINISH_PHASES, FINISH_FIRST_MARK)
+    return phases(MARKS.marks, FINISH_PHASES, FINISH_FIRST_MARK)

@@ -18,6 +18,8 @@ from launcher.config.schema import GROUPS, RunConfig, register_configs
 from launcher.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("model.path", "model.tokenizer", "dataset.path", "dataset.eval_path")
+"""The keys naming a local path or a hub id."""
 
 
 def cache_home() -> Path:
@@ -42,8 +44,7 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
-    cfg = compose_dict(overrides)
-    run_config = to_run_config(cfg)
+    run_config = to_run_config(compose_dict(overrides))
     notice = own_eval_set(run_config, overrides)
     if notice:
         print(f"ftl: {notice}", file=sys.stderr)
@@ -51,11 +52,10 @@ def compose_config(overrides: list[str]) -> RunConfig:
 
 
 def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
-    """`dataset.path=FILE` without `dataset.eval_path`: the group's eval file belongs to the
-    group's data, not to FILE, so it is dropped and `dataset.eval_fraction` of FILE is held
-    out (as LLaMA-Factory's val_size and axolotl's val_set_size do). Returns the notice
-    saying what the run now evaluates on, or None when nothing changed."""
-    given = {_key(override) for override in overrides}
+    """`dataset.path=FILE` without `dataset.eval_path`: drop the group's eval file and hold
+    out `dataset.eval_fraction` of FILE (as LLaMA-Factory's val_size and axolotl's
+    val_set_size do). The notice saying what the run now evaluates on; None: no change."""
+    given = {override_key(override) for override in overrides}
     data = cfg.dataset
     if "dataset.path" not in given or "dataset.eval_path" in given or not data.eval_path:
         return None
@@ -133,18 +133,18 @@ def _explain(override: str, error: Exception) -> str:
     if typed:
         return (
             f"{override}: '{typed.group(1)}' is not a valid {typed.group(2).lower()}. "
-            f"Fix: give {_key(override)} a {typed.group(2).lower()} value."
+            f"Fix: give {override_key(override)} a {typed.group(2).lower()} value."
         )
     if "is not a ListConfig, list or tuple" in text:
         value = override.split("=", 1)[-1]
-        return (f"{override}: {_key(override)} is a list. "
-                f"Fix: {_key(override)}=[{value}] (several: [a,b]).")
+        return (f"{override}: {override_key(override)} is a list. "
+                f"Fix: {override_key(override)}=[{value}] (several: [a,b]).")
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
     return f"{override}: {first_line}. Fix: see `ftl plan --help` for the override syntax."
 
 
 def _unknown_key(override: str, name: str) -> str:
-    key = _key(override)
+    key = override_key(override)
     section = key.split(".")[0]
     if section in {f.name for f in fields(RunConfig)} and "." in key:
         known = [f.name for f in fields(getattr(RunConfig(), section))]
@@ -158,17 +158,17 @@ def _unknown_key(override: str, name: str) -> str:
     )
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key an override sets, as typed: `+train.x=1` -> train.x."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
 def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
     """Make local file paths absolute (ranks may start elsewhere); hub ids stay as given."""
-    model, dataset = run_config.model, run_config.dataset
-    model.path = local_or_as_is(model.path, cwd)
-    model.tokenizer = local_or_as_is(model.tokenizer, cwd)
-    dataset.path = local_or_as_is(dataset.path, cwd)
-    dataset.eval_path = local_or_as_is(dataset.eval_path, cwd)
+    for section, key in (source.split(".") for source in SOURCES):
+        part = getattr(run_config, section)
+        setattr(part, key, local_or_as_is(getattr(part, key), cwd))
+    dataset = run_config.dataset
     run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
     if dataset.cache_dir:
         dataset.cache_dir = str((cwd / os.path.expanduser(dataset.cache_dir)).resolve())

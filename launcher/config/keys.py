@@ -1,12 +1,9 @@
 """`ftl keys [PREFIX]`: every config key with its type, defaults, allowed values and doc.
 
-One walk over the dataclasses reached from RunConfig; each doc is the attribute docstring
-under the field in schema.py, read with ast, so a new field shows up here with no table to
-keep (tests/unit/test_keys.py fails on a field without a doc). Allowed values come from
-where they are checked: rules.CHOICES, the registered schedulers, the strategy table, and
-configs/<group>/*.yaml for a group. Two defaults: the schema's, and the value `ftl train`
-gets with no overrides, composed from configs/config.yaml's default groups. Reads configs/
-and schema.py only; imports no torch.
+Each doc is the attribute docstring under the field in schema.py, read with ast, so a new
+field needs no table here; allowed values come from where they are checked (rules.choices,
+the strategy table, configs/<group>/*.yaml). Two defaults: the schema's, and what
+configs/config.yaml's default groups set (`ftl train` with no overrides). Imports no torch.
 """
 
 from __future__ import annotations
@@ -22,14 +19,11 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from launcher.config import schema
+from launcher.config import rules, schema
 from launcher.config.compose import compose_dict, config_dir
-from launcher.config.rules import CHOICES
-from launcher.config.schema import NO_SCHEDULER
 from launcher.config.strategies import strategy_table
 from launcher.config.trackers import CHOICES as TRACKER_CHOICES
 from launcher.errors import ConfigError
-from launcher.schedulers.base import SCHEDULERS
 
 HEADER = (
     "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
@@ -79,8 +73,8 @@ def all_keys() -> list[Key]:
     composed = OmegaConf.to_container(compose_dict([]), resolve=True)
     defaults = OmegaConf.to_container(OmegaConf.load(config_dir() / "config.yaml").defaults)
     groups = {k: v for entry in defaults or [] if isinstance(entry, dict) for k, v in entry.items()}
-    choices = {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS),
-               "strategy.name": tuple(strategy_table()), "train.report_to": TRACKER_CHOICES,
+    choices = {**rules.choices(), "strategy.name": tuple(strategy_table()),
+               "train.report_to": TRACKER_CHOICES,
                **{group: _options(group) for group in schema.GROUPS}}
     keys: list[Key] = []
 
@@ -142,9 +136,7 @@ def render(keys: list[Key]) -> str:
 
 
 def _show(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        return json.dumps(value)
-    return value
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def keys_json(keys: list[Key]) -> str:

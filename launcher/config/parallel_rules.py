@@ -55,30 +55,27 @@ def _tensor_parallel(cfg: RunConfig) -> list[str]:
 def _sequence_parallel(cfg: RunConfig) -> list[str]:
     """parallel.sp (Ulysses): each rank of a group attends with num_heads / sp heads over
     the whole sequence; KV heads are split or replicated to match (docs/stack-notes.md)."""
-    sp, model = cfg.parallel.sp, cfg.model
+    sp, model, kv = cfg.parallel.sp, cfg.model, cfg.model.num_kv_heads
     if sp == 1:
         return []
-    problems = []
-    if cfg.world_size % sp:
-        problems.append(
-            f"parallel.sp={sp} with {cfg.world_size} ranks (cluster.nodes x "
-            f"cluster.gpus_per_node): every rank belongs to one sequence-parallel group. "
-            f"Fix: a parallel.sp that divides {cfg.world_size}.")
-    if model.num_heads % sp:
-        problems.append(
-            f"parallel.sp={sp} with model.num_heads={model.num_heads}: each rank attends "
-            f"with num_heads / sp heads. Fix: a parallel.sp that divides {model.num_heads}.")
-    kv = model.num_kv_heads
-    if kv % sp and sp % kv:
-        problems.append(
-            f"parallel.sp={sp} with model.num_kv_heads={kv}: KV heads are split over the "
-            f"group or repeated to fill it. Fix: a parallel.sp that divides {kv} or is a "
-            f"multiple of it.")
-    if cfg.dataset.packing:
-        problems.append(
-            f"parallel.sp={sp} with dataset.packing=true: Ulysses drops the attention mask, "
-            "so sdpa would attend across the packed documents (flash-attention varlen, which "
-            "keeps them apart, needs a GPU build). Fix: dataset.packing=false.")
+    checks = [  # whether it is wrong, and the problem
+        (cfg.world_size % sp,
+         f"parallel.sp={sp} with {cfg.world_size} ranks (cluster.nodes x "
+         f"cluster.gpus_per_node): every rank belongs to one sequence-parallel group. "
+         f"Fix: a parallel.sp that divides {cfg.world_size}."),
+        (model.num_heads % sp,
+         f"parallel.sp={sp} with model.num_heads={model.num_heads}: each rank attends "
+         f"with num_heads / sp heads. Fix: a parallel.sp that divides {model.num_heads}."),
+        (kv % sp and sp % kv,
+         f"parallel.sp={sp} with model.num_kv_heads={kv}: KV heads are split over the "
+         f"group or repeated to fill it. Fix: a parallel.sp that divides {kv} or is a "
+         f"multiple of it."),
+        (cfg.dataset.packing,
+         f"parallel.sp={sp} with dataset.packing=true: Ulysses drops the attention mask, "
+         "so sdpa would attend across the packed documents (flash-attention varlen, which "
+         "keeps them apart, needs a GPU build). Fix: dataset.packing=false."),
+    ]
+    problems = [problem for wrong, problem in checks if wrong]
     return problems + _no_adapters(cfg, "parallel.sp", sp)
 
 

@@ -1,20 +1,20 @@
-"""Checks that look beyond the RunConfig: this machine, its files, earlier launches.
-
-Part of the one validation stage (launcher/config/validate.py): each function returns problems,
-never raises, so every problem reaches the user in one message before anything starts.
-"""
+"""Checks beyond the RunConfig (this machine, its files, earlier launches) for the one
+validation stage (launcher/config/validate.py): each returns problems, never raises."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import socket
 from collections.abc import Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config import trackers
+from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
@@ -28,12 +28,11 @@ def local_launch_problems(cfg: RunConfig) -> list[str]:
     """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
     cluster, problems = cfg.cluster, []
     if cluster.scheduler != NO_SCHEDULER:
-        problems.append(
+        return [
             f"cluster={cluster.name}: `ftl train` runs on this machine, and this cluster "
             f"uses the {cluster.scheduler} scheduler. Fix: `ftl submit cluster={cluster.name} "
             "...` for a batch job, or cluster=local."
-        )
-        return problems
+        ]
     # deepspeed without a hostfile is a config rule (rules._multi_node): reported once, there.
     if cluster.nodes > 1 and cluster.launcher != "deepspeed":
         problems.append(
@@ -66,12 +65,10 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].startswith("slots=") or \
-                not parts[1].removeprefix("slots=").isdigit():
-            bad.append(f"line {number} {line!r}")
+        if entry := re.fullmatch(r"(\S+)\s+slots=\d+", line):
+            hosts.append(entry[1])
         else:
-            hosts.append(parts[0])
+            bad.append(f"line {number} {line!r}")
     problems = [f"{key}: {where} is not `host slots=N`. Fix: one `host slots=N` per line."
                 for where in bad]
     if not bad and len(hosts) < nodes:
@@ -81,13 +78,8 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
 
 
 def missing_sources(cfg: RunConfig) -> list[str]:
-    sources = [
-        ("model.path", cfg.model.path),
-        ("model.tokenizer", cfg.model.tokenizer),
-        ("dataset.path", cfg.dataset.path),
-        ("dataset.eval_path", cfg.dataset.eval_path),
-    ]
-    remote = [(key, value) for key, value in sources if value and not Path(value).exists()]
+    sources = {key: attrgetter(key)(cfg) for key in SOURCES}
+    remote = [(key, value) for key, value in sources.items() if value and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
     return [
@@ -253,15 +245,15 @@ def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] | None = None) -
     environment is read at the call, never bound at import: `datasets`' multi-process map
     replaces the os.environ object (arrow_dataset.py: `os.environ = prev_env`)."""
     environ = os.environ if environ is None else environ
-    problems = []
-    for name in trackers.requested(cfg):
-        modules = trackers.REQUIRES[name]
+    problems, requested = [], trackers.requested(cfg)
+    for name in requested:
+        modules = (name,)
         if name == "mlflow" and _mlflow_sql_store(environ):
             modules += trackers.SQL_STORE_MODULES
         problems += [_missing(cfg, name, module) for module in modules
                      if importlib.util.find_spec(module) is None]
     wandb_mode = environ.get("WANDB_MODE", "").lower()
-    if "wandb" in trackers.requested(cfg) and not environ.get("WANDB_API_KEY") and \
+    if "wandb" in requested and not environ.get("WANDB_API_KEY") and \
             wandb_mode not in trackers.WANDB_LOCAL_MODES:
         problems.append(
             f"{trackers.typed(cfg)}: wandb logs to its server and WANDB_API_KEY is not set in "
@@ -279,8 +271,8 @@ def _mlflow_sql_store(environ: Mapping[str, str]) -> bool:
 
 
 def _missing(cfg: RunConfig, name: str, module: str) -> str:
-    extra = trackers.EXTRAS.get(name)
-    install = f"pip install 'ftlaunch[{extra}]'" if extra else f"pip install {module}"
+    extra = name in trackers.EXTRAS
+    install = f"pip install 'ftlaunch[{name}]'" if extra else f"pip install {module}"
     return (f"{trackers.typed(cfg)}: {name} needs the Python package {module}, which is not "
             f"installed in this environment. Fix: {install}, or leave {name} out of "
             "train.report_to.")

@@ -1,15 +1,12 @@
-"""Configuration rules: pure functions of a RunConfig, each returning its problems.
-
-Each message names the key as typed on the command line, its value, and the fix. The one
-validation stage (launcher/config/validate.py) runs them together with the machine and scheduler
-checks and reports every problem at once.
-"""
+"""Configuration rules: pure functions of a RunConfig, each returning its problems, each
+naming the key as typed, its value and the fix (the one stage: launcher/config/validate.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
 from dataclasses import asdict
+from operator import attrgetter
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
@@ -36,6 +33,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
 Rule = Callable[[RunConfig], list[str]]
 
 
+def choices() -> dict[str, tuple[str, ...]]:
+    """Every key checked against a list (read at the call: a scheduler may register after
+    import)."""
+    return {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS)}
+
+
 def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
     rules: list[Rule] = [
@@ -49,27 +52,15 @@ def strategy_problems(cfg: RunConfig) -> list[str]:
     """Rules on the strategy the run will use (after strategy=auto is resolved)."""
     if backend_problems(cfg.strategy):
         return []  # config_problems names it
-    rules: list[Rule] = [_strategy, _peft]
-    return [problem for rule in rules for problem in rule(cfg)]
-
-
-def _get(cfg: RunConfig, dotted: str) -> object:
-    section, key = dotted.split(".")
-    return getattr(getattr(cfg, section), key)
+    return _strategy(cfg) + _peft(cfg)
 
 
 def _choices(cfg: RunConfig) -> list[str]:
     problems = []
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
+    for key, allowed in choices().items():
+        value = attrgetter(key)(cfg)
         if value not in allowed:
             problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
-    schedulers = (NO_SCHEDULER, *SCHEDULERS)  # read now: a scheduler may register after import
-    if cfg.cluster.scheduler not in schedulers:
-        problems.append(
-            f"cluster.scheduler={cfg.cluster.scheduler}: not one of {', '.join(schedulers)}. "
-            "Fix: pick one."
-        )
     problems += backend_problems(cfg.strategy)
     table = strategy_table()
     if cfg.strategy.name not in table:
@@ -88,40 +79,28 @@ POSITIVE = (
 
 
 def _positive(cfg: RunConfig) -> list[str]:
-    problems = [
-        f"{key}={_get(cfg, key)}: must be greater than 0. Fix: set {key} to a positive value."
-        for key in POSITIVE
-        if _get(cfg, key) <= 0  # type: ignore[operator]
+    train, cluster = cfg.train, cfg.cluster
+    checks: list[tuple[str, bool, str]] = [  # key, whether its value is wrong, why and fix
+        *((key, attrgetter(key)(cfg) <= 0,
+           f"must be greater than 0. Fix: set {key} to a positive value.") for key in POSITIVE),
+        ("train.max_steps", train.max_steps == 0 or train.max_steps < -1,
+         "must be a positive step count, or -1 to run train.epochs epochs. "
+         "Fix: e.g. train.max_steps=1000."),
+        ("train.epochs", train.max_steps == -1 and train.epochs <= 0,
+         "must be greater than 0 when train.max_steps=-1. "
+         "Fix: train.epochs=1 or set train.max_steps."),
+        ("train.save_total_limit", train.save_total_limit < 0 or train.save_total_limit == 1,
+         "keep 0 (all checkpoints) or at least 2; with 1 the oldest is deleted before the "
+         "newest is complete, so a crash then leaves nothing to resume from. "
+         "Fix: train.save_total_limit=2."),
+        ("train.eval_steps", train.eval_steps < 0, "must be >= 0 (0: at the end)."),
+        ("train.warmup_ratio", not 0 <= train.warmup_ratio < 1, "must be in [0, 1)."),
+        ("train.mfu", train.mfu > 1, "a utilisation in (0, 1]. Fix: e.g. 0.4."),
+        ("cluster.master_port", not 0 < cluster.master_port < 65536, "not a TCP port."),
+        ("cluster.network_gb_s", cluster.network_gb_s < 0,
+         "a bandwidth >= 0 (0: unknown). Fix: e.g. cluster.network_gb_s=0."),
     ]
-    train = cfg.train
-    if train.max_steps == 0 or train.max_steps < -1:
-        problems.append(
-            f"train.max_steps={train.max_steps}: must be a positive step count, or -1 to run "
-            "train.epochs epochs. Fix: e.g. train.max_steps=1000."
-        )
-    if train.max_steps == -1 and train.epochs <= 0:
-        problems.append(
-            f"train.epochs={train.epochs}: must be greater than 0 when train.max_steps=-1. "
-            "Fix: train.epochs=1 or set train.max_steps."
-        )
-    if train.save_total_limit < 0 or train.save_total_limit == 1:
-        problems.append(
-            f"train.save_total_limit={train.save_total_limit}: keep 0 (all checkpoints) or at "
-            "least 2; with 1 the oldest is deleted before the newest is complete, so a crash "
-            "then leaves nothing to resume from. Fix: train.save_total_limit=2."
-        )
-    if train.eval_steps < 0:
-        problems.append(f"train.eval_steps={train.eval_steps}: must be >= 0 (0: at the end).")
-    if not 0 <= train.warmup_ratio < 1:
-        problems.append(f"train.warmup_ratio={train.warmup_ratio}: must be in [0, 1).")
-    if train.mfu > 1:
-        problems.append(f"train.mfu={train.mfu}: a utilisation in (0, 1]. Fix: e.g. 0.4.")
-    if not 0 < cfg.cluster.master_port < 65536:
-        problems.append(f"cluster.master_port={cfg.cluster.master_port}: not a TCP port.")
-    if cfg.cluster.network_gb_s < 0:
-        problems.append(f"cluster.network_gb_s={cfg.cluster.network_gb_s}: a bandwidth >= 0 "
-                        "(0: unknown). Fix: e.g. cluster.network_gb_s=0.")
-    return problems
+    return [f"{key}={attrgetter(key)(cfg)}: {why}" for key, wrong, why in checks if wrong]
 
 
 def _precision(cfg: RunConfig) -> list[str]:
@@ -129,18 +108,16 @@ def _precision(cfg: RunConfig) -> list[str]:
     preset = GPU_PRESETS.get(gpu)
     if preset is None:
         return []
-    if name == "fp16" and not preset.supports_fp16:
-        where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
-        return [
-            f"precision=fp16: {where} cannot run fp16 mixed precision. "
-            "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."
-        ]
-    if name == "bf16" and not preset.supports_bf16:
-        return [
-            f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
-            "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."
-        ]
-    return []
+    where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
+    checks = [  # whether it is wrong, and the problem
+        (name == "fp16" and not preset.supports_fp16,
+         f"precision=fp16: {where} cannot run fp16 mixed precision. "
+         "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."),
+        (name == "bf16" and not preset.supports_bf16,
+         f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
+         "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _strategy(cfg: RunConfig) -> list[str]:
@@ -178,55 +155,44 @@ def _batch(cfg: RunConfig) -> list[str]:
 
 
 def _model(cfg: RunConfig) -> list[str]:
-    model, problems = cfg.model, []
-    if model.num_heads <= 0 or model.hidden_size % model.num_heads:
-        problems.append(
-            f"model.num_heads={model.num_heads}: must divide model.hidden_size="
-            f"{model.hidden_size}. Fix: correct the model's architecture numbers."
-        )
-    if model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1):
-        problems.append(
-            f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
-            f"{model.num_heads}. Fix: correct the model's architecture numbers."
-        )
-    if not model.tokenizer and not model.path:
-        problems.append(
-            f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
-            "Fix: set model.tokenizer to a tokenizer directory or hub id."
-        )
-    if cfg.dataset.max_length > model.max_position_embeddings:
-        problems.append(
-            f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
-            f"model.max_position_embeddings={model.max_position_embeddings}. "
-            f"Fix: dataset.max_length={model.max_position_embeddings} or less."
-        )
-    return problems
+    model = cfg.model
+    checks = [  # whether it is wrong, and the problem
+        (model.num_heads <= 0 or model.hidden_size % model.num_heads,
+         f"model.num_heads={model.num_heads}: must divide model.hidden_size="
+         f"{model.hidden_size}. Fix: correct the model's architecture numbers."),
+        (model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1),
+         f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
+         f"{model.num_heads}. Fix: correct the model's architecture numbers."),
+        (not model.tokenizer and not model.path,
+         f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
+         "Fix: set model.tokenizer to a tokenizer directory or hub id."),
+        (cfg.dataset.max_length > model.max_position_embeddings,
+         f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
+         f"model.max_position_embeddings={model.max_position_embeddings}. "
+         f"Fix: dataset.max_length={model.max_position_embeddings} or less."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _peft(cfg: RunConfig) -> list[str]:
-    peft, problems = cfg.peft, []
-    if peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0):
-        problems.append(f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive.")
-    if peft.name == "lora" and peft.bits != 16:
-        problems.append(
-            f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
-            "Fix: peft.bits=16, or peft=qlora for a 4-bit base."
-        )
-    if peft.name == "qlora" and peft.bits != 4:
-        problems.append(
-            f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
-            "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."
-        )
-    if peft.name == "qlora" and not cfg.model.path:
-        problems.append(
-            f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
-            "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."
-        )
-    if peft.name == "qlora" and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3:
-        problems.append(
-            f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
-            "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."
-        )
+    peft, qlora = cfg.peft, cfg.peft.name == "qlora"
+    checks = [  # whether it is wrong, and the problem
+        (peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0),
+         f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive."),
+        (peft.name == "lora" and peft.bits != 16,
+         f"peft.bits={peft.bits} with peft=lora: LoRA trains on a 16-bit (unquantized) base. "
+         "Fix: peft.bits=16, or peft=qlora for a 4-bit base."),
+        (qlora and peft.bits != 4,
+         f"peft.bits={peft.bits} with peft=qlora: only 4-bit NF4 bases are supported "
+         "(8-bit LLM.int8 bases are not). Fix: peft.bits=4, or peft=lora for a 16-bit base."),
+        (qlora and not cfg.model.path,
+         f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
+         "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."),
+        (qlora and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3,
+         f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
+         "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."),
+    ]
+    problems = [problem for wrong, problem in checks if wrong]
     return problems + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
 
 
@@ -254,26 +220,22 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
     ]
 
 
-QLORA_INSTALL = "pip install 'ftlaunch[qlora]'"
-"""bitsandbytes is an extra (pyproject.toml): heavy, and only QLoRA uses it."""
-
-
 def _qlora_installed(cfg: RunConfig) -> list[str]:
-    """Refused here, not as an ImportError on every rank after the launch."""
+    """Refused here, not as an ImportError on every rank after the launch. bitsandbytes is
+    an extra (pyproject.toml): heavy, and only QLoRA uses it."""
     if cfg.peft.name != "qlora" or _module_exists("bitsandbytes"):
         return []
     return [
         "peft=qlora: bitsandbytes (QLoRA's 4-bit kernels) is not installed in this "
-        f"environment. Fix: {QLORA_INSTALL} (from a checkout: pip install -e '.[qlora]'), "
-        "or peft=lora."
+        "environment. Fix: pip install 'ftlaunch[qlora]' (from a checkout: pip install -e "
+        "'.[qlora]'), or peft=lora."
     ]
 
 
 def _multi_node(cfg: RunConfig) -> list[str]:
     cluster = cfg.cluster
-    if cluster.scheduler != NO_SCHEDULER or cluster.nodes == 1 or cluster.launcher != "deepspeed":
-        return []
-    if cluster.hostfile:
+    if cluster.scheduler != NO_SCHEDULER or cluster.nodes == 1 or \
+            cluster.launcher != "deepspeed" or cluster.hostfile:
         return []
     return [
         f"cluster.nodes={cluster.nodes} with cluster.launcher=deepspeed on "
@@ -284,28 +246,26 @@ def _multi_node(cfg: RunConfig) -> list[str]:
 
 
 def _eval(cfg: RunConfig) -> list[str]:
-    data, train, problems = cfg.dataset, cfg.train, []
-    if not 0 <= data.eval_fraction < 1:
-        problems.append(
-            f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
-            "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."
-        )
+    data, train = cfg.dataset, cfg.train
     no_eval_set = not data.eval_path and data.eval_fraction == 0
     asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
     asked += ["train.eval_on_start=true"] if train.eval_on_start else []
     # the prompts launcher/inference/examples.py answers are the eval set's
     asked += [f"train.show_examples={train.show_examples}"] if train.show_examples > 0 else []
-    if no_eval_set and asked:
-        problems.append(
-            f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
-            "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
-            "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
-            "without evaluation."
-        )
-    if train.show_examples < 0:
-        problems.append(f"train.show_examples={train.show_examples}: a number of held-out "
-                        "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none.")
-    return problems
+    checks = [  # whether it is wrong, and the problem
+        (not 0 <= data.eval_fraction < 1,
+         f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
+         "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
+        (no_eval_set and asked,
+         f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
+         "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
+         "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
+         "without evaluation."),
+        (train.show_examples < 0,
+         f"train.show_examples={train.show_examples}: a number of held-out "
+         "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none."),
+    ]
+    return [problem for wrong, problem in checks if wrong]
 
 
 def _columns(cfg: RunConfig) -> list[str]:
@@ -360,10 +320,8 @@ def _watchdog(cfg: RunConfig) -> list[str]:
 def _module_exists(module: str) -> bool:
     """Importable from the installed packages, or as a file under the working directory
     (the ranks run `python -m launcher.rank.worker` from it, which puts it on sys.path)."""
-    relative = Path(*module.split("."))
-    if (Path.cwd() / relative.with_suffix(".py")).is_file():
-        return True
-    if (Path.cwd() / relative / "__init__.py").is_file():
+    local = Path.cwd().joinpath(*module.split("."))
+    if local.with_suffix(".py").is_file() or (local / "__init__.py").is_file():
         return True
     try:
         return importlib.util.find_spec(module) is not None
@@ -382,7 +340,7 @@ def _plain_names(cfg: RunConfig) -> list[str]:
     slash, `..` or an absolute path would write outside its root."""
     problems = []
     for key, (root, layout, example) in WRITTEN_NAMES.items():
-        value = str(_get(cfg, key))
+        value = str(attrgetter(key)(cfg))
         parts = value.split("/")
         if value.startswith("/") or ".." in parts:
             reason = "leaves"

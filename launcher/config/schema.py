@@ -1,10 +1,7 @@
-"""Typed configuration: one dataclass per Hydra group, registered in Hydra's ConfigStore.
-
-Hydra merges every YAML in configs/ and every command-line override into these
-dataclasses, so an unknown key or a value of the wrong type fails at compose time.
-Cross-field rules live in validate.py; this module only says what exists. Every field has
-its attribute docstring (meaning, unit, values, what the default means): `ftl keys` prints
-them (launcher/config/keys.py) and tests/unit/test_keys.py fails on a field without one.
+"""Typed configuration: one dataclass per Hydra group, registered in Hydra's ConfigStore,
+so an unknown key or a value of the wrong type fails at compose time (cross-field rules:
+validate.py). Every field's attribute docstring (meaning, unit, values, what the default
+means) is what `ftl keys` prints; tests/unit/test_keys.py fails on a field without one.
 """
 
 from __future__ import annotations
@@ -18,8 +15,8 @@ from omegaconf import MISSING
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    """Preset name, e.g. tiny-llama or llama-7b: a label (run.name's default, the estimate);
-    `model=NAME` picks the preset's file, configs/model/NAME.yaml."""
+    """Preset name (configs/model/NAME.yaml, picked by `model=NAME`), e.g. llama-7b: a label
+    in run.name's default and the estimate."""
     path: str = ""
     """Local directory or hub id with the weights; empty: build from the numbers below."""
     tokenizer: str = ""
@@ -29,15 +26,14 @@ class ModelConfig:
     decoder_layer: str = "LlamaDecoderLayer"
     """Class name FSDP wraps and the estimator treats as one layer."""
     hidden_size: int = MISSING
-    """Width of the residual stream. The architecture numbers build the model when `path`
-    is empty and always drive the estimate (with `path`, the weights' config.json builds it)."""
+    """Width of the residual stream. These numbers always drive the estimate; with `path` the
+    weights' config.json builds the model."""
     num_layers: int = MISSING
     """Decoder layers (HF num_hidden_layers)."""
     num_heads: int = MISSING
     """Attention heads; must divide hidden_size."""
     num_kv_heads: int = MISSING
-    """Key/value heads (grouped-query attention); must divide num_heads; = num_heads: plain
-    multi-head attention."""
+    """Key/value heads (grouped-query attention; = num_heads: multi-head); divides num_heads."""
     intermediate_size: int = MISSING
     """Width of the MLP's hidden layer."""
     vocab_size: int = MISSING
@@ -52,8 +48,8 @@ class ModelConfig:
 
 @dataclass
 class ColumnsConfig:
-    """The column that holds each field of a row; empty: the field's own name (for chat,
-    `messages`, else `conversations`). Only the fields of `dataset.format` may be set."""
+    """The column that holds each field of a row; empty: the field's own name. Only the
+    fields of `dataset.format` may be set."""
 
     messages: str = ""
     """Column of the conversation (formats chat and sharegpt); empty: messages for chat
@@ -98,8 +94,7 @@ class DatasetConfig:
     """Tokens per example (longer ones are truncated); with `packing`, tokens per packed row.
     At most model.max_position_embeddings."""
     packing: bool = False
-    """Pack whole examples into rows of `max_length` tokens, each attending only to itself;
-    false: one example per row."""
+    """Pack whole examples into rows of `max_length` tokens, each attending only to itself."""
     mask_prompt: bool = True
     """Train on the response tokens only."""
     num_tokens: int | None = None
@@ -137,19 +132,15 @@ class StrategyConfig:
     site's own Engine subclass. Next to strategy=auto, fsdp makes auto choose among ddp and
     the FSDP strategies instead of the DeepSpeed ones."""
     zero_stage: int = 0
-    """DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights;
-    0: none (ddp and fsdp)."""
+    """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights; 0: ddp, fsdp."""
     offload_optimizer: bool = False
-    """Keep optimizer states (and fp32 gradients) in CPU memory. FSDP: must equal
-    offload_param."""
+    """Keep optimizer states (and fp32 gradients) in CPU memory; FSDP: = offload_param."""
     offload_param: bool = False
     """Keep weights in CPU memory between uses (ZeRO-3 or FSDP)."""
     overlap_comm: bool = True
-    """DeepSpeed: overlap gradient reduction with the backward pass (two reduce buckets
-    live at once)."""
+    """DeepSpeed: overlap gradient reduction with the backward (two reduce buckets live)."""
     contiguous_gradients: bool = True
-    """DeepSpeed: copy gradients into one contiguous buffer as they are produced (less
-    fragmentation)."""
+    """DeepSpeed: copy gradients into one contiguous buffer as produced (less fragmentation)."""
     bucket_size: int | None = None
     """ZeRO reduce/allgather bucket in elements; empty: derived from the model's hidden size."""
     gather_weights_on_save: bool = True
@@ -176,8 +167,7 @@ class SlurmConfig:
     cpus_per_task: int = 0
     """sbatch --cpus-per-task (one task per node runs all its ranks); 0: Slurm's default."""
     mem: str = ""
-    """sbatch --mem, memory per node, e.g. 500G (K/M/G/T suffix; 0: all of it); empty:
-    Slurm's default."""
+    """sbatch --mem per node, e.g. 500G (K/M/G/T; 0: all of it); empty: Slurm's default."""
     signal_grace_s: int = 120
     """USR1 this many seconds before the time limit: the ranks checkpoint and requeue."""
     max_restarts: int = 3
@@ -201,8 +191,8 @@ class ClusterConfig:
     gpus_per_node: int = 1
     """GPUs per node; on gpu=cpu, processes per node."""
     gpu: str = "cpu"
-    """GPU preset (launcher/config/hardware.py: memory, peak FLOP/s, fp16/bf16 support) the plan
-    and estimate use; cpu: processes on CPUs, no GPU."""
+    """GPU preset (config/hardware.py: memory, peak FLOP/s, fp16/bf16) the plan and estimate
+    use; cpu: processes on CPUs, no GPU."""
     launcher: str = "torchrun"
     """The program that starts the ranks on each node: torchrun or deepspeed."""
     master_port: int = 29500
@@ -211,21 +201,19 @@ class ClusterConfig:
     hostfile: str = ""
     """deepspeed multi-node without a scheduler: hostfile listing the nodes."""
     host_memory_gib: float = 0.0
-    """CPU RAM per node in GiB, which offloaded states must fit; 0: unknown (the estimate does
-    not check it; `ftl train` checks this machine's RAM)."""
+    """CPU RAM per node in GiB, which offloaded states must fit; 0: unknown (not estimated;
+    `ftl train` checks this machine's RAM)."""
     setup: list[str] = field(default_factory=list)
     """Shell lines a batch job runs before the launcher, e.g. `module load cuda`."""
     startup_timeout_s: float = 900.0
     """Seconds every rank (and, multi-node under torchrun, every node's launcher) gets to
-    join the run's process group; past it the run ends naming the ranks that never joined
-    and the address and port they were told, instead of waiting (launcher/rank/startup.py).
-    It starts after each rank's own loading (tokenized data, a universal checkpoint)."""
+    join the process group after its own loading; past it the run ends naming the ranks that
+    never joined and the address and port they were told (launcher/rank/startup.py)."""
     network_gb_s: float = 0.0
     """All-reduce bus bandwidth (GB/s, nccl-tests' busbw) expected between nodes, which
     `ftl doctor` measures against; 0: unknown (reported, not judged)."""
     doctor: bool = False
-    """`ftl submit`: run `ftl doctor`'s checks as the job's first step and train only if
-    they pass (`ftl submit --doctor` sets it)."""
+    """`ftl submit --doctor`: `ftl doctor`'s checks as the job's first step; train if they pass."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Slurm's own settings, used when scheduler=slurm."""
 
@@ -243,8 +231,7 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro batches accumulated per optimizer step."""
     global_batch_size: int | None = None
-    """If set, must equal micro_batch_size x grad_accum x data-parallel size (world size /
-    parallel.tp)."""
+    """If set, must equal micro_batch_size x grad_accum x data-parallel size."""
     save_steps: int = 500
     """Optimizer steps between checkpoints."""
     save_total_limit: int = 0
@@ -255,15 +242,13 @@ class TrainConfig:
     logging_steps: int = 10
     """Optimizer steps between log events (console line, metrics.jsonl, TensorBoard)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward instead of keeping them: less memory, about
-    a third more compute."""
+    """Recompute activations in the backward: less memory, about a third more compute."""
     seed: int = 42
     """Seed of the initial weights, data order and the eval split."""
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay; 0: none."""
     warmup_ratio: float = 0.03
-    """Share of the total steps the learning rate rises linearly from 0, in [0, 1) (the
-    constant scheduler has no warmup)."""
+    """Share of the steps the learning rate rises linearly from 0, in [0, 1) (constant: none)."""
     lr_scheduler: str = "cosine"
     """Learning-rate shape after warmup (the Trainer's lr_scheduler_type)."""
     max_grad_norm: float = 1.0
@@ -303,12 +288,11 @@ class TrainConfig:
     compilation, process-group set-up); at least train.hang_timeout_s."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Experiment trackers rank 0 logs every log event to: any of tensorboard
-    (RUN_DIR/tensorboard), wandb, mlflow, or [none]. wandb and mlflow also get the resolved
-    config, strategy, world size, estimate and start-up times, and a resumed launch
-    continues the same wandb/MLflow run (its id: RUN_DIR/trackers.json). Credentials and
-    servers come from the environment only (WANDB_API_KEY, WANDB_MODE, WANDB_PROJECT,
-    MLFLOW_TRACKING_URI, ...; README, "Trackers"); wandb and mlflow are extras: pip install
-    'ftlaunch[wandb]'."""
+    (RUN_DIR/tensorboard), wandb, mlflow, or [none]. wandb and mlflow (extras: pip install
+    'ftlaunch[wandb]') also get the resolved config, strategy, world size, estimate and
+    start-up times, and one run spans every launch (its id: RUN_DIR/trackers.json).
+    Credentials and servers come from the environment only (WANDB_API_KEY, WANDB_MODE,
+    WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; README, "Trackers")."""
 
 
 @dataclass
@@ -324,8 +308,7 @@ class PeftConfig:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
-    """Decoder linears that get adapters (q/k/v/o_proj, gate/up/down_proj), or
-    ["all-linear"]."""
+    """Decoder linears that get adapters (q/k/v/o_proj, gate/up/down_proj), or ["all-linear"]."""
     bits: int = 16
     """Base weights: 16 (lora) or 4 (qlora, NF4); 8-bit bases are refused."""
 
@@ -352,8 +335,7 @@ class RunSection:
     resume: str = "auto"
     """auto (last complete checkpoint of this run), never, or a checkpoint PATH."""
     force: bool = False
-    """Launch even when the plan says the run will not fit; too little disk space in
-    run.output_dir is then a printed warning, not a refusal."""
+    """Launch even when the plan says the run will not fit (too little disk: a warning)."""
 
 
 @dataclass

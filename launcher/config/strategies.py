@@ -7,8 +7,7 @@ merged into the typed StrategyConfig, exactly as Hydra does when it composes `st
 
 from __future__ import annotations
 
-import copy
-from dataclasses import fields
+from dataclasses import fields, replace
 from functools import cache
 from pathlib import Path
 
@@ -24,11 +23,11 @@ CHOSEN_FIELDS = (
 )
 
 
-def strategy_table(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+def strategy_table() -> dict[str, StrategyConfig]:
     """name -> settings of every strategy in configs/strategy/ (auto included)."""
-    from launcher.config.compose import config_dir as default_config_dir
+    from launcher.config.compose import config_dir
 
-    return dict(_load(config_dir or default_config_dir()))
+    return dict(_load(config_dir()))
 
 
 @cache
@@ -42,17 +41,17 @@ def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
     return tuple(table)
 
 
-def concrete_strategies(config_dir: Path | None = None) -> dict[str, StrategyConfig]:
+def concrete_strategies() -> dict[str, StrategyConfig]:
     """Every strategy a run can use (not `auto`, which resolves to one of them)."""
-    return {n: s for n, s in strategy_table(config_dir).items() if not is_auto(s)}
+    return {n: s for n, s in strategy_table().items() if not is_auto(s)}
 
 
-def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[str, ...]:
+def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
     """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
     those of one sharding engine (deepspeed by default; fsdp when asked with
     strategy.backend=fsdp)."""
     ranked = [
-        s for s in concrete_strategies(config_dir).values()
+        s for s in concrete_strategies().values()
         if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
     ]
     return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
@@ -61,10 +60,7 @@ def auto_ladder(sharding_backend: str, config_dir: Path | None = None) -> tuple[
 def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:
     """A copy of the table's `entry` with every non-CHOSEN_FIELDS value the user set next
     to strategy=auto (`user`: cfg.strategy) that differs from the schema's default."""
-    chosen = copy.deepcopy(entry)  # the table is cached: never mutate it
     defaults = StrategyConfig(name="auto", backend="auto")
-    for f in fields(StrategyConfig):
-        value = getattr(user, f.name)
-        if f.name not in CHOSEN_FIELDS and value != getattr(defaults, f.name):
-            setattr(chosen, f.name, value)
-    return chosen
+    given = {f.name: getattr(user, f.name) for f in fields(StrategyConfig)
+             if f.name not in CHOSEN_FIELDS and getattr(user, f.name) != getattr(defaults, f.name)}
+    return replace(entry, **given)  # a new object: the cached table is never mutated

@@ -1,12 +1,7 @@
-"""The experiment trackers `train.report_to` names, and what each needs before a launch.
-
-The ranks log through the HF Trainer's own integrations (transformers' TensorBoardCallback,
-WandbCallback, MLflowCallback); launcher/rank/trackers.py keeps one tracker run per run
-across its launches. This module is the config side: the names, the packages and extras
-that provide them, the credentials they read from the environment (never from the config,
-never written anywhere by ftl), and MLflow's store when none is given. The rules on the
-names are pure (`name_problems`, rules.py runs it); preflight.tracker_problems checks
-this environment (packages, credentials) with the facts kept here.
+"""The experiment trackers `train.report_to` names, and what each needs before a launch: the
+config side of launcher/rank/trackers.py (the ranks log through the HF Trainer's own
+integrations). Credentials come from the environment only, never from the config, and ftl
+writes them nowhere; preflight.tracker_problems checks this environment with these facts.
 """
 
 from __future__ import annotations
@@ -19,20 +14,14 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")
 NONE = "none"
 CHOICES = (*TRACKERS, NONE)
 
-REQUIRES: dict[str, tuple[str, ...]] = {
-    "tensorboard": ("tensorboard",),
-    "wandb": ("wandb",),
-    "mlflow": ("mlflow",),
-}
-"""tracker -> the modules its integration imports on rank 0."""
 SQL_STORE_MODULES = ("sqlalchemy", "alembic")
 """What MLflow's sqlite store needs beyond mlflow-skinny (the default store, below)."""
-EXTRAS = {"wandb": "wandb", "mlflow": "mlflow"}
-"""tracker -> the ftlaunch extra that installs it (tensorboard is a core dependency)."""
+EXTRAS = ("wandb", "mlflow")
+"""The trackers the ftlaunch extra of their name installs (tensorboard is a core dependency).
+Each tracker's integration imports the package of its name on rank 0."""
 
 WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
 """WANDB_MODE values under which wandb never talks to a server, so needs no key."""
-MLFLOW_DB = "mlflow.db"
 
 
 def requested(cfg: RunConfig) -> list[str]:
@@ -63,4 +52,4 @@ def default_mlflow_uri(cfg: RunConfig) -> str:
     absolute at compose), shared by every run and launch under it, so a resume (which
     looks for its checkpoint there too) finds its tracker run. MLflow's own default is
     sqlite in the working directory, which differs between a shell and a batch job."""
-    return f"sqlite:///{Path(cfg.run.output_dir) / MLFLOW_DB}"
+    return f"sqlite:///{Path(cfg.run.output_dir) / 'mlflow.db'}"

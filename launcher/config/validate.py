@@ -1,12 +1,6 @@
-"""The one validation stage: every rule for what the verb is about to do, run once.
-
-compose -> RunConfig -> validate(cfg, target) -> Checked -> planner. The stage runs the
-configuration rules (launcher/config/rules.py), estimates the cost once and resolves
-strategy=auto, runs the strategy rules on the strategy the run will really use, then the
-checks of the target: this machine for `ftl train` (launcher/config/preflight.py), the scheduler's
-own rules and warnings for `ftl submit`, the checkpoint a launch would resume from, and
-whether the plan fits. All problems go into one ConfigError; nothing is written before it
-passes. Risks the user may take come back in `Checked.warnings`.
+"""The one validation stage: every rule for what the verb is about to do, run once, every
+problem in one ConfigError before anything is written (the order: docs/design.md, "The
+validation stage"). Risks the user may take come back in `Checked.warnings`.
 """
 
 from __future__ import annotations
@@ -26,9 +20,8 @@ if TYPE_CHECKING:
 
 Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
 """estimate: config rules only; plan: + strategy=auto; train: + this machine; submit: +
-the scheduler. train and submit also check the resume checkpoint and that the plan fits.
-preprocess: config rules and the data. train, submit and preprocess scan the data files
-row by row and name the directory of their tokenized data (launcher/data/preprocess.py)."""
+the scheduler; both + the resume checkpoint and the fit. preprocess: config rules and the
+data. train, submit and preprocess scan the data and name its cache (Checked.data_dir)."""
 
 
 @dataclass

@@ -1,11 +1,8 @@
-"""The seam for batch schedulers: what `ftl submit`, `ftl status` and `ftl cancel` need.
-
-A scheduler is one module (or package) with one class implementing `Scheduler`, registered
-by name in SCHEDULERS (imported lazily, so `ftl plan` loads none of them).
-`cluster.scheduler` picks it; its own settings live in its own config section, read only by
-it. Its rules and warnings run in the one validation stage (launcher/config/validate.py); job ids
-are its own opaque strings. PBS, LSF or Kubernetes would each be one more entry here, and
-nothing else changes.
+"""The seam for batch schedulers: what `ftl submit`, `ftl status` and `ftl cancel` need
+(docs/design.md, "The scheduler seam"). A scheduler is one module (or package) with one
+class implementing `Scheduler`, registered by name in SCHEDULERS and imported lazily (`ftl
+plan` loads none); `cluster.scheduler` picks it, and its own settings live in its own
+config section, read only by it. Job ids are its own opaque strings.
 
 A running job is stopped through its run dir, not the scheduler (`ftl cancel`): the job
 script must end without resubmitting itself when RUN_DIR/cancel.requested exists, and
@@ -14,7 +11,7 @@ exit launcher.run.supervise.STOPPED_EXIT when the ranks saved a complete checkpo
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -55,42 +52,31 @@ class Scheduler(Protocol):
 
     def problems(self, cfg: RunConfig) -> list[str]:
         """Rules for a batch job on this scheduler, each naming key, value and fix."""
-        ...
 
     def warnings(self, cfg: RunConfig, save: SaveTime) -> list[str]:
         """Risks the user may take, each naming key, value and fix; e.g. a stop signal whose
         grace time cannot cover `save` (measured on the resumed run, else estimated)."""
-        ...
 
     def is_job_id(self, text: str) -> bool:
         """Whether `ftl status TEXT` / `ftl cancel TEXT` names one of its jobs."""
-        ...
 
-    def render(
-        self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None
-    ) -> str:
+    def render(self, cfg: RunConfig, run_dir: Path, launch: Launch, tool_dir: Path | None) -> str:
         """The batch script's text (pure). tool_dir: prepended to PATH in the job."""
-        ...
 
     def submit(self, script: Path) -> str:
         """Submit the script; return the job id. A refusal is a ConfigError."""
-        ...
 
     def status(self, job_id: str) -> JobInfo | None:
         """None when the scheduler does not (or no longer) know the job."""
-        ...
 
     def cancel(self, job_id: str) -> None:
         """End the job now (pending or running), without waiting for a checkpoint."""
-        ...
 
     def cancel_command(self, job_id: str) -> str:
         """The command a user types to do what `cancel` does (named in `ftl cancel`'s
         output for a running job, which is stopped gracefully instead)."""
-        ...
 
 
 def get_scheduler(name: str) -> Scheduler:
-    module_name, class_name = SCHEDULERS[name].split(":")
-    scheduler: Scheduler = getattr(importlib.import_module(module_name), class_name)()
+    scheduler: Scheduler = pkgutil.resolve_name(SCHEDULERS[name])()
     return scheduler

@@ -1,18 +1,8 @@
-"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run] [-m]`,
-`ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID`.
-
-submit: compose + validate every job first (a sweep submits nothing unless every
-combination is valid), then per job: write the run dir with its job script in one atomic
-step (launch.write_run), submit it (not with --dry-run), record the job id, print job id,
-run dir and log paths. A bare `ftl submit` uses the default scheduler's cluster preset
-(launcher/schedulers/base.py). --dry-run prints the job script even where this machine could not
-hold the run (its checks become warnings).
-Sweeps: `-m train.lr=1e-5,2e-5` expands like a Hydra multirun (Hydra's own override
-parser and BasicSweeper), one job per combination.
-
-cancel: a running job stops for good after a checkpoint: RUN_DIR/cancel.requested, then
-preempt.requested, which the ranks poll; the job script then exits STOPPED_EXIT (75)
-without requeueing. A pending job is cancelled by the scheduler.
+"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run]
+[-m]`, `ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID` (docs/design.md, "The
+scheduler seam"). submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`,
+expanded by Hydra's own parser and BasicSweeper) submits nothing unless every combination
+is valid; --dry-run prints the job script even where this machine could not hold the run.
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import launcher.schedulers.base
+from launcher.config.compose import override_key
 from launcher.errors import ConfigError
 from launcher.run.hang_report import hang_lines
 from launcher.run.supervise import STOPPED_EXIT
@@ -47,7 +38,7 @@ def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) 
 
 def with_default_cluster(overrides: list[str]) -> list[str]:
     """`ftl submit` / `make submit` without a cluster= choice: the default scheduler's."""
-    chosen = any(o.split("=", 1)[0].lstrip("+~") == "cluster" for o in overrides if "=" in o)
+    chosen = any(override_key(o) == "cluster" for o in overrides if "=" in o)
     default = launcher.schedulers.base.DEFAULT_SCHEDULER  # its preset: configs/cluster/<name>.yaml
     return overrides if chosen else [f"cluster={default}", *overrides]
 
@@ -174,22 +165,16 @@ def status(target: str) -> int:
             "ago: schedulers keep ended jobs only briefly). Fix: `ftl status RUN_DIR`, which "
             "also reads the run's own state."
         )
-    lines: list[str] = []
     if info is not None:
-        lines.append(
-            f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
-            f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})"
-        )
+        job = (f"job {job_id}: {info.state} (exit {info.exit_code}, restarts {info.restarts},"
+               f" run time {info.run_time}, nodes {info.nodes}, reason {info.reason})")
     elif job_id is not None:
-        lines.append(f"job {job_id}: no longer known to the scheduler (it keeps ended jobs "
-                     "briefly)")
+        job = f"job {job_id}: no longer known to the scheduler (it keeps ended jobs briefly)"
     else:
-        lines.append("job: none recorded (not submitted, or a dry run)")
-    if run_dir is None:
-        lines.append("run dir: unknown (the job was not submitted by `ftl submit`)")
-    else:
-        lines += run_dir_lines(RunDir(run_dir))
-    print("\n".join(lines))
+        job = "job: none recorded (not submitted, or a dry run)"
+    run = (run_dir_lines(RunDir(run_dir)) if run_dir is not None
+           else ["run dir: unknown (the job was not submitted by `ftl submit`)"])
+    print("\n".join([job, *run]))
     return 0
 
 

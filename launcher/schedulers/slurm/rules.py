@@ -18,37 +18,29 @@ _MEM = re.compile(r"^\d+[KMGT]?$")
 
 
 def slurm_problems(cfg: RunConfig) -> list[str]:
-    """Rules for a batch job, each naming the key, the value and the fix."""
-    cluster, problems = cfg.cluster, []
-    slurm = cluster.slurm
-    if not (_TIME.match(cluster.slurm.time) or cluster.slurm.time.upper() in _UNLIMITED):
-        problems.append(
-            f"cluster.slurm.time={cluster.slurm.time}: not a Slurm time limit. "
-            "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.slurm.time=04:00:00."
-        )
-    elif not 0 < slurm.signal_grace_s < min(time_seconds(slurm.time), SLURM_SIGNAL_MAX_S):
-        problems.append(
-            f"cluster.slurm.signal_grace_s={slurm.signal_grace_s}: the warning before the "
-            f"time limit must be between 1 s and the job's time (cluster.slurm.time="
-            f"{slurm.time}) and at most {SLURM_SIGNAL_MAX_S} s. "
-            "Fix: e.g. cluster.slurm.signal_grace_s=120."
-        )
-    if cluster.slurm.max_restarts < 0:
-        problems.append(
-            f"cluster.slurm.max_restarts={cluster.slurm.max_restarts}: must be 0 or more. "
-            "Fix: cluster.slurm.max_restarts=3 (0: never requeue)."
-        )
-    if cluster.slurm.cpus_per_task < 0:
-        problems.append(
-            f"cluster.slurm.cpus_per_task={slurm.cpus_per_task}: must be 0 (Slurm's default) "
-            "or more. Fix: e.g. cluster.slurm.cpus_per_task=32."
-        )
-    if cluster.slurm.mem and not _MEM.match(cluster.slurm.mem):
-        problems.append(
-            f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
-            "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."
-        )
-    return problems + _text_problems(cfg)
+    slurm = cfg.cluster.slurm
+    time_ok = _TIME.match(slurm.time) or slurm.time.upper() in _UNLIMITED
+    grace_max = min(time_seconds(slurm.time), SLURM_SIGNAL_MAX_S) if time_ok else 0
+    checks = [  # whether it is wrong, and the problem
+        (not time_ok,
+         f"cluster.slurm.time={slurm.time}: not a Slurm time limit. "
+         "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.slurm.time=04:00:00."),
+        (time_ok and not 0 < slurm.signal_grace_s < grace_max,
+         f"cluster.slurm.signal_grace_s={slurm.signal_grace_s}: the warning before the "
+         f"time limit must be between 1 s and the job's time (cluster.slurm.time="
+         f"{slurm.time}) and at most {SLURM_SIGNAL_MAX_S} s. "
+         "Fix: e.g. cluster.slurm.signal_grace_s=120."),
+        (slurm.max_restarts < 0,
+         f"cluster.slurm.max_restarts={slurm.max_restarts}: must be 0 or more. "
+         "Fix: cluster.slurm.max_restarts=3 (0: never requeue)."),
+        (slurm.cpus_per_task < 0,
+         f"cluster.slurm.cpus_per_task={slurm.cpus_per_task}: must be 0 (Slurm's default) "
+         "or more. Fix: e.g. cluster.slurm.cpus_per_task=32."),
+        (slurm.mem and not _MEM.match(slurm.mem),
+         f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
+         "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."),
+    ]
+    return [problem for wrong, problem in checks if wrong] + _text_problems(cfg)
 
 
 def _text_problems(cfg: RunConfig) -> list[str]:
@@ -87,18 +79,12 @@ def time_seconds(limit: str) -> int:
     """Slurm time limit -> seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)."""
     if limit.upper() in _UNLIMITED:
         return 2**31
-    days = 0
-    if "-" in limit:
-        day_text, limit = limit.split("-", 1)
-        days = int(day_text)
-        hours, minutes, seconds = ([int(p) for p in limit.split(":")] + [0, 0])[:3]
-    else:
-        parts = [int(p) for p in limit.split(":")]
-        if len(parts) == 3:
-            hours, minutes, seconds = parts
-        else:  # MM or MM:SS
-            hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    days, _, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if not days and len(parts) < 3:  # MM or MM:SS
+        parts = [0, *parts]
+    hours, minutes, seconds = [*parts, 0, 0][:3]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def grace_warnings(cfg: RunConfig, save: SaveTime) -> list[str]:

@@ -1,38 +1,14 @@
-"""The sbatch job script, as pure text (SlurmScheduler.render).
-
-The job script, top to bottom: #SBATCH options -> `ftl cancel` check and stale stop
-requests cleared -> USR1/TERM/INT traps -> cluster.setup lines -> launcher environment ->
-head node from the allocation -> with cluster.doctor, `ftl doctor`'s step (the same
-srun and launcher; a failed check ends the job) -> one srun task per node, each starting
-torchrun (c10d rendezvous on the head node) or `deepspeed --no_ssh` for its node, run as
-`srun ... & wait` so the traps can run while training -> finished, cancelled, or requeue.
-
-Stopping (measured, docs/stack-notes.md): every stop is RUN_DIR/preempt.requested, which
-every rank polls at step ends (launcher/rank/preempt.py), whatever launcher sits between srun
-and the ranks. The ranks then agree, save a complete checkpoint, stop, and rank 0 writes
-RUN_DIR/preempted. Who touches the file:
-- the batch shell's traps: USR1 (`--signal=B:USR1@grace` before the time limit, `scancel
-  -b -s USR1`) and TERM/INT (a preemption, `scancel --full` / `--batch`). bash runs a trap
-  only when its foreground child exits, hence `& wait`;
-- each node's task, on a step's TERM/INT (`scancel -s TERM JOB`): the task runs its
-  launcher in a session of its own with TERM/INT ignored (and torchrun handling neither),
-  so the launcher cannot kill the ranks 30 s into their save; srun too runs in a session of
-  its own, since a TERM makes it kill the step;
-- rank 0 itself when a rank caught TERM/INT (proctrack/cgroup signals every process);
-- `ftl cancel` (launcher/schedulers/submit.py), which first writes RUN_DIR/cancel.requested.
-At the end the script exits 0 when the run finished; when the ranks' hang watchdog
-ended them (RUN_DIR/hang/) HUNG_EXIT (76), never requeued; with cancel.requested it exits
-STOPPED_EXIT (75) after a complete checkpoint and never requeues; otherwise after a stop
-request it requeues (`scontrol requeue`, same job id) while SLURM_RESTART_COUNT <
-cluster.slurm.max_restarts. The rerun uses the same run dir, so the worker resumes from the
-latest complete checkpoint.
+"""The sbatch job script, as pure text (SlurmScheduler.render). Its layout, top to bottom,
+and who asks the ranks to stop are in docs/design.md ("The scheduler seam"); why each
+piece, measured: docs/stack-notes.md. Every stop is RUN_DIR/preempt.requested, which every
+rank polls at step ends (launcher/rank/preempt.py) whatever launcher sits between srun and
+the ranks; bash runs a trap only when its foreground child exits, hence `& wait`.
 
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
 treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
-are refused everywhere (rules.py: a newline would start a new script line). Secrets (HF_TOKEN,
-WANDB_API_KEY, ...) reach the job through the environment (sbatch's default --export=ALL)
-and are never written into the script.
+are refused everywhere (rules.py: a newline would start a new script line). Secrets reach
+the job through the environment (sbatch's default --export=ALL), never the script.
 """
 
 from __future__ import annotations
@@ -83,39 +59,31 @@ def sbatch_quote(value: str) -> str:
 
 def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     """The #SBATCH lines, every value quoted for sbatch's own parser."""
-    cluster = cfg.cluster
+    cluster, slurm = cfg.cluster, cfg.cluster.slurm
     # sbatch expands %j (the job id), %x, ... in --output: a literal % in the run dir is %%.
     logs = str(Path(run_dir) / LOGS).replace("%", "%%")
-    pairs: list[tuple[str, str | None]] = [("--job-name", cfg.run.name)]
-    for flag, value in (
-        ("--partition", cluster.slurm.partition),
-        ("--account", cluster.slurm.account),
-        ("--qos", cluster.slurm.qos),
-    ):
-        if value:
-            pairs.append((flag, value))
-    pairs += [
-        ("--time", cluster.slurm.time),
+    preset = GPU_PRESETS.get(cluster.gpu)
+    gpus = preset is not None and not preset.is_cpu
+    pairs: list[tuple[str, str | None]] = [  # an empty value: the option is left out
+        ("--job-name", cfg.run.name),
+        ("--partition", slurm.partition),
+        ("--account", slurm.account),
+        ("--qos", slurm.qos),
+        ("--time", slurm.time),
         ("--nodes", str(cluster.nodes)),
         ("--ntasks-per-node", "1"),  # one launcher per node; it starts the node's ranks
-    ]
-    preset = GPU_PRESETS.get(cluster.gpu)
-    if preset is not None and not preset.is_cpu:
-        pairs.append(("--gpus-per-node", str(cluster.gpus_per_node)))
-    if cluster.slurm.cpus_per_task:
-        pairs.append(("--cpus-per-task", str(cluster.slurm.cpus_per_task)))
-    if cluster.slurm.mem:
-        pairs.append(("--mem", cluster.slurm.mem))
-    pairs += [
+        ("--gpus-per-node", str(cluster.gpus_per_node) if gpus else ""),
+        ("--cpus-per-task", str(slurm.cpus_per_task) if slurm.cpus_per_task else ""),
+        ("--mem", slurm.mem),
         ("--output", f"{logs}/slurm-%j.out"),
         ("--error", f"{logs}/slurm-%j.err"),
         ("--open-mode", "append"),  # a requeued job keeps its earlier output
         ("--requeue", None),
-        ("--signal", f"B:USR1@{cluster.slurm.signal_grace_s}"),
+        ("--signal", f"B:USR1@{slurm.signal_grace_s}"),
     ]
     lines = [f"#SBATCH {flag}" if value is None else f"#SBATCH {flag}={sbatch_quote(value)}"
-             for flag, value in pairs]
-    for extra in cluster.slurm.sbatch_extra:
+             for flag, value in pairs if value != ""]
+    for extra in slurm.sbatch_extra:
         lines.append("#SBATCH " + " ".join(sbatch_quote(token) for token in shlex.split(extra)))
     return lines
 
@@ -123,12 +91,9 @@ def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
 def render_sbatch(
     cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
 ) -> str:
-    """The whole job script. Pure: same inputs, same text (the snapshot tests rely on it).
-
-    launch: the per-node command (launcher.run.planner.plan_launch). tool_dir: a directory
-    prepended to PATH (the submitting venv's bin, where torchrun and deepspeed live);
-    cluster.setup lines run after it and may replace it.
-    """
+    """The whole job script; pure (the snapshot tests rely on it). launch: the per-node
+    command (planner.plan_launch). tool_dir: prepended to PATH (the submitting venv's bin,
+    where torchrun and deepspeed live); cluster.setup lines run after it and may replace it."""
     run_dir = str(run_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", *sbatch_options(cfg, run_dir)]
@@ -138,7 +103,6 @@ def render_sbatch(
         "set -uo pipefail",
         f"export {RUN_DIR_VAR}={q(run_dir)}",
         *_start_lines(),
-        *_trap_lines(),
     ]
     if tool_dir is not None:
         lines += ["", 'export PATH=' + q(str(tool_dir)) + ':"$PATH"']
@@ -154,7 +118,8 @@ def render_sbatch(
 
 def _start_lines() -> list[str]:
     """Clear the previous start's stop request (a requeued job runs this again); honour an
-    `ftl cancel` that came before or while this runs (it writes cancel.requested first)."""
+    `ftl cancel` that came before or while this runs (it writes cancel.requested first);
+    then the batch shell's traps."""
     return [
         f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
         '    echo "ftl: cancelled by \\`ftl cancel\\` before this start; not training"',
@@ -164,11 +129,6 @@ def _start_lines() -> list[str]:
         f'rm -rf "$FTL_RUN_DIR"/{HANG}  # an earlier start\'s hang (a requeue by hand)',
         f'rm -rf "$FTL_RUN_DIR"/{STARTUP}  # who starts is recorded afresh at each start',
         f'[ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ] && touch "$FTL_RUN_DIR"/{PREEMPT_REQUESTED}',
-    ]
-
-
-def _trap_lines() -> list[str]:
-    return [
         "",
         "# USR1 (--signal=B:USR1@grace, `scancel -b -s USR1`), TERM (a preemption, `scancel",
         "# --full` or `--batch`) and INT: ask the ranks to save a checkpoint at the next step",
@@ -186,12 +146,12 @@ def _head_node_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
         f'{HEAD_NODE_VAR}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
         f"export {HEAD_NODE_VAR}",
     ]
-    hostfile = _hostfile_path(launch)
-    if hostfile is not None:
+    if launch.hostfile is not None and "--hostfile" in launch.argv:
         # deepspeed --no_ssh counts the hostfile's lines; written from the real node list.
-        slots = cfg.cluster.gpus_per_node
+        hostfile = launch.argv[launch.argv.index("--hostfile") + 1]
         lines.append(
-            f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\\$/ slots={slots}/" '
+            f'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\\$/ slots='
+            f'{cfg.cluster.gpus_per_node}/" '
             f"> {quote_arg(_run_dir_var(hostfile, run_dir), (RUN_DIR_VAR,))}"
         )
     lines.append(
@@ -199,12 +159,6 @@ def _head_node_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
         f'$SLURM_JOB_NODELIST, head node ${HEAD_NODE_VAR}, run dir $FTL_RUN_DIR"'
     )
     return lines
-
-
-def _hostfile_path(launch: Launch) -> str | None:
-    if launch.hostfile is None or "--hostfile" not in launch.argv:
-        return None
-    return launch.argv[launch.argv.index("--hostfile") + 1]
 
 
 def _srun_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
@@ -241,18 +195,11 @@ def _doctor_lines(cfg: RunConfig, launch: Launch, run_dir: str) -> list[str]:
 
 
 def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
-    """The srun task: start this node's launcher where a step's TERM/INT cannot reach it,
-    and turn those signals into the stop request the ranks poll (docs/stack-notes.md).
-
-    `scancel -s TERM JOB` signals the task's process group (proctrack/pgid) or every
-    process of the step (proctrack/cgroup). torchrun and the deepspeed launcher would
-    answer by killing the ranks 30 s later, whatever the ranks were saving. So the launcher
-    runs in a session of its own (setsid: out of the task's process group) with TERM and
-    INT ignored, and torchrun's agent handles neither (PET_SIGNALS_TO_HANDLE). The ranks
-    set their own handlers (launcher/rank/preempt.py); this shell touches preempt.requested.
-    Left open: under cgroup deepspeed's launch.py installs its own TERM/INT handlers and
-    still gives the ranks 30 s.
-    """
+    """The srun task: this node's launcher in a session of its own (setsid) with TERM/INT
+    ignored and torchrun's agent handling neither (PET_SIGNALS_TO_HANDLE), so a step's
+    TERM/INT (`scancel -s TERM JOB`) never makes it kill the ranks 30 s into their save;
+    this shell turns them into the stop request (docs/stack-notes.md). Left open: under
+    cgroup deepspeed's launch.py installs its own TERM/INT handlers, still 30 s for the ranks."""
     shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
     argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
     command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
@@ -282,8 +229,6 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
 
 
 def _wait_lines(pid_var: str) -> list[str]:
-    """Wait for a background child; a trap makes `wait` return early (status > 128), then
-    keep waiting. (bash runs a trap only between commands: hence `& wait`.)"""
     return [
         "# wait returns early (status > 128) when a trap ran; then keep waiting.",
         "while :; do",
@@ -303,8 +248,10 @@ def _run_dir_var(arg: str, run_dir: str) -> str:
 
 
 def _finish_lines(cfg: RunConfig) -> list[str]:
-    """Finished -> 0; `ftl cancel`ed -> STOPPED_EXIT, never requeued; stopped on a signal
-    -> requeue; anything else is a failure."""
+    """Finished -> 0; the hang watchdog ended the ranks (launcher/rank/watchdog.py) ->
+    HUNG_EXIT, never requeued, even after a stop request (why: docs/design.md, "The scheduler
+    seam"); `ftl cancel`ed -> STOPPED_EXIT once the step rank 0 recorded in `preempted` has a
+    complete checkpoint, never requeued; stopped on a signal -> requeue; else a failure."""
     max_restarts = cfg.cluster.slurm.max_restarts
     return [
         f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
@@ -312,9 +259,24 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
         "    exit 0",
         "fi",
-        *_hung_lines(),
+        f'if compgen -G "$FTL_RUN_DIR/{HANG}/rank-*.json" > /dev/null; then',
+        '    echo "ftl: hung: a rank made no progress within train.hang_timeout_s; stacks in '
+        f'$FTL_RUN_DIR/{HANG} (\\`ftl status $FTL_RUN_DIR\\` says where each rank was). '
+        "Not requeued; the same \\`ftl submit\\` command resumes from the latest "
+        f'complete checkpoint. Exit status {HUNG_EXIT}"',
+        f"    exit {HUNG_EXIT}",
+        "fi",
         f'if [ -e "$FTL_RUN_DIR"/{CANCEL_REQUESTED} ]; then',
-        *_cancelled_lines(),
+        f"    stop_step=$(sed -n 's/.*\"step\": *\\([0-9]*\\).*/\\1/p' "
+        f'"$FTL_RUN_DIR"/{PREEMPTED} 2>/dev/null)',
+        f'    if [ -n "$stop_step" ] && [ -e "$FTL_RUN_DIR"/{CHECKPOINTS}/checkpoint-"$stop_step"'
+        f"/{COMPLETE_MARKER} ]; then",
+        '        echo "ftl: cancelled by \\`ftl cancel\\` after a complete checkpoint (step '
+        f'$stop_step); not requeueing. Exit status {STOPPED_EXIT}: stopped, resumable"',
+        f"        exit {STOPPED_EXIT}",
+        "    fi",
+        '    echo "ftl: cancelled by \\`ftl cancel\\` without a new complete checkpoint; '
+        'not requeueing"',
         f'elif [ -e "$FTL_RUN_DIR"/{PREEMPT_REQUESTED} ]; then',
         "    restarts=${SLURM_RESTART_COUNT:-0}",
         f'    if [ "$restarts" -lt {max_restarts} ]; then',
@@ -330,39 +292,4 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         'python -m launcher.rank.startup "$FTL_RUN_DIR"  # the nodes/ranks that never came',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
-    ]
-
-
-def _hung_lines() -> list[str]:
-    """The ranks' hang watchdog ended them (launcher/rank/watchdog.py): exit HUNG_EXIT,
-    never requeued, even after a stop request the hung ranks could not honour. Slurm does
-    not know which node hung (the step still ran everywhere); a hang often repeats at the
-    same step; a requeue would spend the first-step and hang bounds of every node again
-    (docs/design.md, "The scheduler seam")."""
-    return [
-        f'if compgen -G "$FTL_RUN_DIR/{HANG}/rank-*.json" > /dev/null; then',
-        '    echo "ftl: hung: a rank made no progress within train.hang_timeout_s; stacks in '
-        f'$FTL_RUN_DIR/{HANG} (\\`ftl status $FTL_RUN_DIR\\` says where each rank was). '
-        "Not requeued; the same \\`ftl submit\\` command resumes from the latest "
-        f'complete checkpoint. Exit status {HUNG_EXIT}"',
-        f"    exit {HUNG_EXIT}",
-        "fi",
-    ]
-
-
-def _cancelled_lines() -> list[str]:
-    """`ftl cancel`: the stop is for good. Exit STOPPED_EXIT when the checkpoint of the step
-    rank 0 recorded in `preempted` is complete (its COMPLETE marker, launcher/rank/checkpoints.py),
-    whatever the launcher's own exit code."""
-    return [
-        f"    stop_step=$(sed -n 's/.*\"step\": *\\([0-9]*\\).*/\\1/p' "
-        f'"$FTL_RUN_DIR"/{PREEMPTED} 2>/dev/null)',
-        f'    if [ -n "$stop_step" ] && [ -e "$FTL_RUN_DIR"/{CHECKPOINTS}/checkpoint-"$stop_step"'
-        f"/{COMPLETE_MARKER} ]; then",
-        '        echo "ftl: cancelled by \\`ftl cancel\\` after a complete checkpoint (step '
-        f'$stop_step); not requeueing. Exit status {STOPPED_EXIT}: stopped, resumable"',
-        f"        exit {STOPPED_EXIT}",
-        "    fi",
-        '    echo "ftl: cancelled by \\`ftl cancel\\` without a new complete checkpoint; '
-        'not requeueing"',
     ]
