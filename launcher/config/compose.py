@@ -11,6 +11,7 @@ import re
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -101,18 +102,17 @@ def _failure(overrides: list[str]) -> Exception | None:
     return None
 
 
-def _reject_added_keys(cfg: DictConfig) -> None:
-    """`+train.x=1` slips past Hydra's struct check on dataclass nodes; refuse it here."""
-    root_keys = {f.name for f in fields(RunConfig)}
+def _reject_added_keys(cfg: DictConfig, section: Any = None) -> None:
+    """`+train.x=1` (or `+cluster.slurm.x=1`, at any depth) slips past Hydra's struct check
+    on dataclass nodes; refuse it here."""
+    section = RunConfig() if section is None else section
+    known = {f.name for f in fields(section)}
     for key in cfg:
-        if key not in root_keys:
-            raise KeyError(f"Key '{key}' not in 'RunConfig'")
-        section = getattr(RunConfig(), str(key))
-        if is_dataclass(section):
-            known = {f.name for f in fields(section)}
-            for sub in cfg[key]:
-                if sub not in known:
-                    raise KeyError(f"Key '{sub}' not in '{type(section).__name__}'")
+        if key not in known:
+            raise KeyError(f"Key '{key}' not in '{type(section).__name__}'")
+        child = getattr(section, str(key))
+        if is_dataclass(child) and isinstance(cfg[key], DictConfig):
+            _reject_added_keys(cfg[key], child)
 
 
 def _explain(override: str, error: Exception) -> str:
@@ -145,9 +145,15 @@ def _explain(override: str, error: Exception) -> str:
 
 def _unknown_key(override: str, name: str) -> str:
     key = override_key(override)
-    section = key.split(".")[0]
-    if section in {f.name for f in fields(RunConfig)} and "." in key:
-        known = [f.name for f in fields(getattr(RunConfig(), section))]
+    node: Any = RunConfig()
+    walked: list[str] = []  # the deepest known section on the key's path
+    for part in key.split(".")[:-1]:
+        if not is_dataclass(child := getattr(node, part, None)):
+            break
+        node = child
+        walked.append(part)
+    if walked:
+        section, known = ".".join(walked), [f.name for f in fields(node)]
         return (
             f"{override}: unknown key '{name}' in {section}. "
             f"Known keys: {', '.join(known)}. Fix: check the spelling."

@@ -32,6 +32,8 @@ def test_unknown_key_names_the_section_and_known_keys() -> None:
 def test_added_key_is_refused_too() -> None:
     (message,) = compose_problems(["+train.extra=1"])
     assert "unknown key 'extra' in train" in message
+    (nested,) = compose_problems(["+cluster.slurm.zzz=1"])
+    assert "unknown key 'zzz' in cluster.slurm" in nested
 
 
 def test_wrong_type_names_key_and_type() -> None:
