@@ -62,6 +62,10 @@ def check_request(req: Request) -> RunConfig:
             "weights kept unclipped. Fix: e.g. --clip-percentile 99.9, or leave it out to "
             "search the threshold that minimises the error."
         )
+    if req.clip_percentile is not None and req.scheme != "clip" and not req.compare:
+        problems.append(
+            f"--clip-percentile {req.clip_percentile:g} with --scheme {req.scheme}: only the "
+            "clip scheme clips. Fix: --scheme clip, or leave --clip-percentile out.")
     if req.out_dir.exists() and not req.force:
         problems.append(
             f"-o {req.out_dir}: already exists. Fix: another directory, or --force to replace it."
@@ -120,7 +124,7 @@ def run_scheme(
     save_quantized(model, tokenizer, quantized, out_dir, meta)
     loaded = load_quantized(out_dir)
     sizes = [math.prod(r["shape"]) for r in rows]
-    return {"scheme": scheme, "granularity": granularity,
+    return {"scheme": scheme, "granularity": granularity, "clip_percentile": clip_percentile,
             "mse": sum(r["mse"] * n for r, n in zip(rows, sizes, strict=True)) / sum(sizes),
             "max_abs_error": max(r["max_abs_error"] for r in rows),
             "perplexity": perplexity(loaded, batches), "size_bytes": dir_size_bytes(out_dir),
@@ -142,7 +146,9 @@ def quantize(req: Request, as_json: bool) -> int:
     combos = ([(s, g) for s in SCHEMES for g in GRANULARITIES] if req.compare
               else [(req.scheme, req.granularity)])
     staging = req.out_dir.parent / f".tmp-{req.out_dir.name}"
-    results = [run_scheme(model, tokenizer, batches, s, g, req.clip_percentile,
+    # --compare: the percentile is the clip scheme's; the others take none.
+    results = [run_scheme(model, tokenizer, batches, s, g,
+                          req.clip_percentile if s == "clip" else None,
                           staging / f"{s}-{g}", req.model_dir.resolve()) for s, g in combos]
     results.sort(key=lambda r: r["perplexity"])
     best = results[0]

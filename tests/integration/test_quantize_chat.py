@@ -1,7 +1,8 @@
 """`ftl quantize` and `ftl chat` on the tiny model the suite trained (ddp, 8 steps).
 
-- `--compare --json`: every scheme x granularity, each written dir loads back, perplexity
-  within a stated bound of the original, size on disk smaller;
+- `--compare --json` (its --clip-percentile goes to the clip scheme only): every scheme x
+  granularity, each written dir loads back, perplexity within a stated bound of the
+  original, size on disk smaller;
 - `ftl chat --prompt` prints exactly what greedy `generate` gives for the templated prompt,
   for the trained model and for its quantized copy;
 - bad input: one message, exit 2, nothing written.
@@ -49,7 +50,8 @@ def model_dir(trained: Callable[..., Run]) -> Path:
 @pytest.fixture(scope="module")
 def compared(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("quantized") / "q8"
-    done = ftl("quantize", str(model_dir), "-o", str(out), "--compare", "--json")
+    done = ftl("quantize", str(model_dir), "-o", str(out), "--compare", "--json",
+               "--clip-percentile", "99.9")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), out
 
@@ -69,6 +71,8 @@ def test_compare_ranks_every_scheme_within_the_perplexity_bound(
                                                      rel=PERPLEXITY_BOUND), scheme
         assert scheme["size_bytes"] < 0.5 * baseline["size_bytes"], scheme
         assert scheme["mse"] > 0 and scheme["max_abs_error"] > 0
+        # --clip-percentile is the clip scheme's: the others quantize without one
+        assert scheme["clip_percentile"] == (99.9 if scheme["scheme"] == "clip" else None)
     quantization = json.loads((out / "quantization.json").read_text())
     best = report["schemes"][0]
     assert (quantization["scheme"], quantization["granularity"]) == (
@@ -127,8 +131,9 @@ def test_bad_input_is_one_message_and_writes_nothing(model_dir: Path, tmp_path: 
     existing.mkdir()
     done = ftl("quantize", str(tmp_path), "-o", str(existing), "--clip-percentile", "30")
     assert done.returncode == 2
-    assert "3 configuration errors" in done.stderr
+    assert "4 configuration errors" in done.stderr
     assert "no config.json" in done.stderr and "--clip-percentile 30" in done.stderr
+    assert "only the clip scheme clips. Fix: --scheme clip" in done.stderr
     assert "--force" in done.stderr and list(existing.iterdir()) == []
     unknown = ftl("quantize", str(model_dir), "-o", str(tmp_path / "x"), "--scheme", "fp4")
     assert unknown.returncode == 2 and "invalid choice: 'fp4'" in unknown.stderr
