@@ -64,12 +64,7 @@ def _chosen_estimate(checked: Checked) -> dict[str, Any] | None:
 
 
 def plan_launch(plan: Plan, run_dir: Path) -> Launch:
-    hostfile = str(run_dir / rundir.HOSTFILE) if _needs_hostfile(plan.cfg) else None
-    return build_launch(plan.cfg, str(run_dir), hostfile_path=hostfile)
-
-
-def _needs_hostfile(cfg: RunConfig) -> bool:
-    return cfg.cluster.launcher == "deepspeed" and cfg.cluster.nodes > 1
+    return build_launch(plan.cfg, str(run_dir))
 
 
 def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """`ftl report RUN_DIR`: a PNG of loss, learning rate and tokens/s, and a summary that puts
-the plan's estimate beside what the run measured. Reads only the run dir."""
+the plan's estimate beside what the run measured (memory: predicted / measured peak live
+tensor bytes per phase and rank). Reads only the run dir."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
-from launcher.estimator.memory_report import memory_table
+from launcher.estimator.memory import GIB
+from launcher.estimator.peak import RANK0_MOMENTS, other_ranks_peak
 from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
-
-GIB = 1024**3
 
 
 def load_history(run_dir: Path) -> list[MetricsEvent]:
@@ -90,6 +90,69 @@ def _memory_lines(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[st
         lines.append(f"measured peak memory, rank {rank.rank}: "
                      f"{rank.peak_memory_mib / 1024:.3f} GiB")
     return lines
+
+
+def predicted_for(estimate: dict[str, Any], phase: str, rank: int) -> float | None:
+    """The predicted peak of memtrace's `phase` on `rank`: its moment of
+    launcher/estimator/peak.py (the model build and the engine wrapping: construction), or
+    None when the plan has none (startup, eval; final outside LoRA runs)."""
+    if phase == "steady":
+        return estimate.get("steady_bytes")
+    moment = "construction" if phase in ("model", "engine") else phase
+    if moment in RANK0_MOMENTS and rank > 0:
+        moment = f"{moment}_other_ranks"
+    return (estimate.get("moments") or {}).get(moment)
+
+
+def _cell(predicted: float | None, measured: int | None) -> str:
+    pred = "-" if predicted is None else f"{predicted / GIB:.3f}"
+    meas = "-" if measured is None else f"{measured / GIB:.3f}"
+    return f"{pred} / {meas}"
+
+
+def _ordered_phases(ranks: list[RankMetrics]) -> list[str]:
+    """Every phase any rank recorded, in the order the first rank that has it wrote them."""
+    seen: list[str] = []
+    for rank in ranks:
+        for name in (rank.memory or {}).get("phases", {}):
+            if name not in seen:
+                seen.append(name)
+    return seen
+
+
+def memory_table(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
+    """Lines: one row per phase, one `predicted / measured` GiB column per rank, then the
+    whole run's peak with measured/predicted, and the peak RSS beside it."""
+    records = [r for r in ranks if r.memory]
+    if not records or not estimate.get("moments"):
+        return []
+    width = 21
+    lines = ["memory per rank, live tensor GiB (predicted / measured):",
+             "  " + f"{'phase':<12}" + "".join(f"{'rank ' + str(r.rank):>{width}}"
+                                               for r in records)]
+    for phase in _ordered_phases(records):
+        cells = []
+        for record in records:
+            measured = record.memory["phases"].get(phase, {}).get("peak_bytes")
+            cells.append(_cell(predicted_for(estimate, phase, record.rank), measured))
+        lines.append("  " + f"{phase:<12}" + "".join(f"{c:>{width}}" for c in cells))
+    lines.append("  " + f"{'run peak':<12}" + "".join(
+        f"{_cell(_rank_peak(estimate, r.rank), r.memory.get('peak_bytes')):>{width}}"
+        for r in records))
+    lines.append("  " + f"{'RSS peak':<12}" + "".join(
+        f"{_cell(None, r.memory.get('rss_peak_bytes')):>{width}}" for r in records))
+    if estimate.get("construction_above_training"):
+        lines.append("  predicted: model construction peaks above training")
+    return lines
+
+
+def _rank_peak(estimate: dict[str, Any], rank: int) -> float | None:
+    """Rank 0 saves the gathered checkpoint (and LoRA's merged model); the other ranks'
+    peak leaves those out."""
+    moments = estimate.get("moments") or {}
+    if rank == 0 or "checkpoint_other_ranks" not in moments:
+        return estimate.get("peak_bytes")
+    return other_ranks_peak(moments)
 
 
 def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
