@@ -114,12 +114,7 @@ def flops_factor(gradient_checkpointing: bool = False, frozen_base: bool = False
 def training_flops(
     params: int, tokens: int, gradient_checkpointing: bool = False, frozen_base: bool = False
 ) -> float:
-    """C = 6PD (2PD forward + 4PD backward), + 2PD for the recomputed forward.
-
-    With LoRA/QLoRA (`frozen_base`) the backward pass computes activation gradients (2PD)
-    but no weight gradients for the frozen base, so C = 4PD (+2PD with checkpointing);
-    the adapters' own FLOPs are negligible.
-    """
+    """C = flops_factor x PD (the adapters' own FLOPs are negligible)."""
     return float(flops_factor(gradient_checkpointing, frozen_base)) * params * tokens
 
 
@@ -152,12 +147,8 @@ def peak_flops_per_device(cfg: RunConfig) -> float | None:
     return None if preset.is_cpu else peak_flops(preset, cfg.precision.name)
 
 
-def training_seconds(flops: float, world_size: int, peak: float, mfu: float) -> float:
-    return flops / (world_size * peak * mfu)
-
-
 def run_seconds(cfg: RunConfig, flops: float) -> float:
     """Wall time of `flops` on cfg's devices at train.mfu (the cpu preset has a nominal peak,
     so plans on CPU still get a figure)."""
     peak = peak_flops(gpu_preset(cfg.cluster.gpu), cfg.precision.name)
-    return training_seconds(flops, cfg.world_size, peak, cfg.train.mfu)
+    return flops / (cfg.world_size * peak * cfg.train.mfu)

@@ -1,10 +1,7 @@
-"""Pure launch-command builders: RunConfig + run dir -> (argv, env, hostfile text).
+"""Pure launch-command builders: RunConfig + run dir -> (argv, env, hostfile text): which
+launcher starts `python -m launcher.rank.worker RUN_DIR` on every rank, with which flags.
 
-Every rank runs `python -m launcher.rank.worker RUN_DIR`; this module only decides which launcher
-starts those ranks and with which flags. No I/O and no torch/deepspeed import, so `ftl plan`
-and `ftl submit --dry-run` stay fast.
-
-Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
+Forms (dispatch on cluster.launcher, cluster.nodes and cluster.scheduler):
 
 | launcher  | nodes | form                                                         | per_node |
 |-----------|-------|--------------------------------------------------------------|----------|
@@ -14,12 +11,9 @@ Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
 | deepspeed | >1    | a scheduler (or node_rank given): `--no_ssh --node_rank R`   | yes      |
 | deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
 
-Per-node forms are started once on every node. Where the head node or the node rank is
-not known when the command is built (a Slurm job learns them at run time), the argv holds
-the shell placeholders `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}`, `Launch.shell_vars` names
-them, and `render_command` leaves exactly those for the shell to expand while quoting
-everything else. So the per-node shell (e.g. the Slurm task) must export both variables;
-callers that know the values pass `head_node=` / `node_rank=` and get plain literals.
+Per-node forms are started once on every node; a head node or node rank not known yet (a
+Slurm job learns them at run time) is a `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholder
+that the per-node shell must export (`Launch.shell_vars`, kept unquoted by `render_command`).
 
 Per-rank logs land in RUN_DIR/logs (layouts measured with torch 2.13 / deepspeed 0.19.8):
 - torchrun: `logs/<rdzv id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log`,

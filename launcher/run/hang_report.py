@@ -1,15 +1,7 @@
 """Where each rank of a hung run was, one line per rank, from RUN_DIR/hang/ (the ranks'
-watchdogs, launcher/rank/watchdog.py): `ftl train` prints it when the run ends that way,
-`ftl status` whenever the run dir has one.
-
-Each rank's line comes from the stack of its main thread in the faulthandler dump,
-innermost frame first: the innermost frame outside the stack itself (torch,
-transformers, accelerate, deepspeed, this launcher, the standard library) is the user's
-code that holds the rank, e.g. `rank 1 on node3: in MyCallback.on_step_end
-(my/callbacks.py:40) at step 3`; else the innermost torch.distributed collective, with
-the frame that called it (`rank 0 on node1: waiting in all_reduce (called from
-launcher/rank/preempt.py:150) at step 3`); else the innermost frame. Parsing is pure; the
-qualified name (Class.method) is read from the source file when it is readable here.
+watchdogs, launcher/rank/watchdog.py), for `ftl train` and `ftl status`: e.g. `rank 1 on
+node3: in MyCallback.on_step_end (my/callbacks.py:40) at step 3` or `rank 0 on node1:
+waiting in all_reduce (called from launcher/rank/preempt.py:150) at step 3` (`where`).
 """
 
 from __future__ import annotations
@@ -112,14 +104,11 @@ def display_path(path: str) -> str:
         return path
 
 
+@functools.lru_cache(maxsize=256)
 def qualified_name(frame: Frame) -> str:
     """Class.method for a frame whose source is readable here; else the bare name
     faulthandler gives."""
-    return _qualified(frame.path, frame.line, frame.function)
-
-
-@functools.lru_cache(maxsize=256)
-def _qualified(path: str, line: int, function: str) -> str:
+    path, line, function = frame.path, frame.line, frame.function
     try:
         tree = ast.parse(Path(path).read_text())
     except (OSError, SyntaxError, ValueError):

@@ -1,18 +1,9 @@
 """`ftl train` watching its launcher: Ctrl-C and SIGTERM stop the ranks at a step boundary.
 
-The launcher (torchrun or deepspeed) runs in a session of its own, so the terminal's Ctrl-C
-and a SIGTERM to `ftl train`'s process group (a scheduler, a container runtime stopping
-its main process) reach `ftl train` only, never a launcher that would kill the ranks
-before they save (torchrun and the deepspeed launcher give their ranks 30 s, then SIGKILL).
-The first SIGINT or SIGTERM touches RUN_DIR/preempt.requested, which the ranks already poll
-(launcher/rank/preempt.py): they agree on a step, save one complete checkpoint, stop, and
-`ftl train` exits STOPPED_EXIT. A second signal kills the launcher and every rank at once
-(ABORTED_EXIT); the last complete checkpoint stays the one to resume from.
-
-If `ftl train` itself dies without a chance to forward anything (kill -9, the OOM killer, a
-closed terminal's SIGHUP), the kernel sends the launcher SIGTERM (PR_SET_PDEATHSIG, Linux):
-it forwards that to the ranks, whose own handlers save at the next step boundary and stop,
-instead of a run training on with nobody watching it.
+The launcher runs in a session of its own, so a terminal's Ctrl-C or a SIGTERM to `ftl
+train`'s process group never reaches a launcher that would kill the ranks before they save
+(torchrun and the deepspeed launcher give them 30 s, then SIGKILL); the protocol:
+docs/design.md, "Stopping (`preempt.py`)".
 """
 
 from __future__ import annotations
@@ -44,8 +35,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @dataclass
 class Supervised:
     returncode: int
-    stop_signal: str | None
-    """The signal that asked for a stop (None: the run was not asked to stop)."""
     aborted: bool
 
 
@@ -121,4 +110,4 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> S
     forwarder = StopForwarder(run_dir, child)
     with handlers(forwarder):
         returncode = child.wait()
-    return Supervised(returncode, forwarder.stop_signal, forwarder.aborted)
+    return Supervised(returncode, forwarder.aborted)

@@ -1,8 +1,5 @@
-"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto".
-
-Every value comes from the same RunConfig that builds TrainingArguments, so the file is
-complete and usable outside the HF Trainer, and the Trainer's own mismatch check proves
-both agree.
+"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto" (docs/design.md,
+"ds_config: concrete, never auto"). Pure: `ftl plan` and `ftl ds-config` use it.
 
 What the HF integration does with these values (read in transformers 5.24,
 transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config.py):
@@ -24,17 +21,8 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
   by the HF cosine/linear schedule. With no "optimizer" block it uses the Trainer's
   torch AdamW and sets zero_allow_untested_optimizer itself.
 - The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
-  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with one
-  floor: a bucket is never smaller than 2**20 elements (ZeRO-3: 5e7, DeepSpeed's prefetch
-  default) or an eighth of the model, whichever is smaller (bucket_elements).
-
-On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
-the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
-(docs/stack-notes.md: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block,
-unless `train.optimizer=torch`, which writes the cpu preset's blocks on any preset: the
-Trainer's torch AdamW (fused on GPUs), no op to JIT-build, no nvcc needed.
-
-This module must not import torch or deepspeed: `ftl plan` and `ftl ds-config` use it.
+  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with a
+  floor (bucket_elements).
 """
 
 from __future__ import annotations
@@ -182,7 +170,8 @@ def bucket_elements(cfg: RunConfig) -> int:
 
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
     """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu, or
-    train.optimizer=torch: the Trainer's torch AdamW."""
+    train.optimizer=torch: the Trainer's torch AdamW (fused on GPUs), so no FusedAdam or
+    DeepSpeedCPUAdam has to be compiled (docs/stack-notes.md: ~40 s each with ninja)."""
     train = cfg.train
     if gpu_preset(cfg.cluster.gpu).is_cpu or train.optimizer == "torch":
         # The Trainer's torch AdamW; the HF integration sets zero_allow_untested_optimizer
@@ -214,8 +203,7 @@ def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
     from launcher.config.compose import compose_config
 
-    overrides = [*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"]
-    return compose_config(overrides)
+    return compose_config([*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"])
 
 
 def reference_files() -> dict[str, str]:
