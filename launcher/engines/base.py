@@ -58,9 +58,6 @@ class Engine:
         """The ZeRO stage its memory behaves like (the ZeRO paper's formulas)."""
         return strategy.zero_stage
 
-    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
-        return strategy.offload_optimizer
-
     def settings(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The contents of `settings_file`, concrete values only."""
         return None

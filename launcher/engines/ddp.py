@@ -36,9 +36,6 @@ class DdpEngine(Engine):
     def memory_stage(self, strategy: StrategyConfig) -> int:
         return 0
 
-    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
-        return False
-
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         return with_first_step(ddp_moments(x), 8.0 * x.psi, offloaded=False)
 

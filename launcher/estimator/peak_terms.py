@@ -112,17 +112,17 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
                    autocast_acts=0.0)
 
 
-def first_step(moments: dict[str, Split], adam: Split) -> Split:
-    """The first step's peak: Adam's states appear only inside its optimizer step, so its
-    forward/backward holds everything but them (measured: fsdp's first step 834.9M =
-    its optimizer moment, below the steady backward's 991.2M)."""
-    d, h = moments["forward_backward"]
-    return larger(moments["optimizer_step"], (d - adam[0], h - adam[1]))
-
-
 def with_first_step(moments: dict[str, Split], adam_bytes: float,
                     offloaded: bool) -> dict[str, Split]:
     """`moments` and the first step's, from Adam's bytes per rank (on the host when
-    `offloaded`)."""
-    adam: Split = (0.0, adam_bytes) if offloaded else (adam_bytes, 0.0)
-    return {**moments, "first_step": first_step(moments, adam)}
+    `offloaded`): Adam's states appear only inside its optimizer step, so its
+    forward/backward holds everything but them (measured: fsdp's first step 834.9M = its
+    optimizer moment, below the steady backward's 991.2M)."""
+    d, h = moments["forward_backward"]
+    without_adam = (d, h - adam_bytes) if offloaded else (d - adam_bytes, h)
+    return {**moments, "first_step": larger(moments["optimizer_step"], without_adam)}
+
+
+def placed(offload: bool, device: float, host: float) -> Split:
+    """FSDP's states: on the host under CPUOffloadPolicy, else on the device with the rest."""
+    return (device, host) if offload else (device + host, 0.0)

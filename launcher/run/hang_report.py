@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launcher.rundir import HUNG_EXIT, HangRecord, RunDir
 
-FRAMEWORKS = frozenset({"torch", "transformers", "accelerate", "deepspeed", "launcher"})
+MACHINERY = frozenset({"torch", "transformers", "accelerate", "deepspeed", "launcher", "stdlib"})
 """Top-level packages whose frames are the machinery, not where the user's rank is."""
 LAUNCHER_DIR = Path(__file__).resolve().parents[1]
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -69,16 +69,12 @@ def _is_launcher(parts: tuple[str, ...]) -> bool:
     return index + 1 < len(parts) and (LAUNCHER_DIR / parts[index + 1]).exists()
 
 
-def is_machinery(frame: Frame) -> bool:
-    return package_of(frame.path) in FRAMEWORKS | {"stdlib"}
-
-
 def where(frames: list[Frame]) -> str:
     """The main thread's frames (innermost first) -> `in Class.method (path:line)` or
     `waiting in all_reduce (called from path:line)`."""
     if not frames:
         return "no stack of its main thread in the dump"
-    user = next((f for f in frames if not is_machinery(f)), None)
+    user = next((f for f in frames if package_of(f.path) not in MACHINERY), None)
     if user is not None:
         return f"in {qualified_name(user)} ({display_path(user.path)}:{user.line})"
     for index, frame in enumerate(frames):
