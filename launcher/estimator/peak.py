@@ -50,10 +50,9 @@ def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
     p = param_bytes(cfg.precision.name)
     deepspeed = engine_of(strategy).separate_master_weights
     base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
-    widest = max((max(i, o) for t, (i, o) in linear_shapes(model).items()
-                  if t in lora_targets(cfg)), default=0)
-    largest = max((i * o for t, (i, o) in linear_shapes(model).items()
-                   if t in lora_targets(cfg)), default=0)
+    shapes = [shape for t, shape in linear_shapes(model).items() if t in lora_targets(cfg)]
+    widest = max((max(shape) for shape in shapes), default=0)
+    largest = max((i * o for i, o in shapes), default=0)
     adapters = adapter_params(cfg)
     return LoraInputs(
         adapters=adapters, largest_adapter=r * widest,
@@ -108,7 +107,8 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
         layer_psi=layer_linear_params(model) // tp + 2 * h,
         largest_tensor=max(v * h, h * i // tp, h * h // tp),
         acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
-        autocast_acts=autocast_activation_bytes(cfg),
+        autocast_acts=0.0 if cfg.precision.name == "fp32" else (  # 12h bytes/token and layer
+            12.0 * h * (rank_sequence(cfg) * cfg.train.micro_batch_size) * model.num_layers),
         # GPU presets run a fused Adam (DeepSpeed FusedAdam/CPUAdam, torch fused); the cpu
         # preset the Trainer's torch AdamW, single-tensor on CPU
         fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
@@ -118,14 +118,6 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
         gather_on_save=strategy.gather_weights_on_save or tp > 1,
         reshard_after_forward=strategy.fsdp_reshard_after_forward,
     )
-
-
-def autocast_activation_bytes(cfg: RunConfig) -> float:
-    """PeakInputs.autocast_acts: 12h bytes per token and layer in 16-bit runs, else 0."""
-    if cfg.precision.name == "fp32":
-        return 0.0
-    tokens = rank_sequence(cfg) * cfg.train.micro_batch_size
-    return 12.0 * cfg.model.hidden_size * tokens * cfg.model.num_layers
 
 
 def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:

@@ -104,25 +104,22 @@ def display_path(path: str) -> str:
 def qualified_name(frame: Frame) -> str:
     """Class.method for a frame whose source is readable here; else the bare name
     faulthandler gives."""
-    path, line, function = frame.path, frame.line, frame.function
     try:
-        tree = ast.parse(Path(path).read_text())
+        scope: ast.AST = ast.parse(Path(frame.path).read_text())
     except (OSError, SyntaxError, ValueError):
-        return function
-    best: list[str] = []
-
-    def visit(node: ast.AST, names: list[str]) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                inside = child.lineno <= line <= (child.end_lineno or child.lineno)
-                if inside:
-                    if child.name == function and not isinstance(child, ast.ClassDef):
-                        best = [*names, child.name]
-                    visit(child, [*names, child.name])
-
-    visit(tree, [])
-    return ".".join(best) if best else function
+        return frame.function
+    names: list[str] = []
+    best = frame.function
+    while True:  # down through the classes and functions whose lines hold the frame's
+        inner = [c for c in ast.iter_child_nodes(scope)
+                 if isinstance(c, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                 and c.lineno <= frame.line <= (c.end_lineno or c.lineno)]
+        if not inner:
+            return best
+        scope = inner[0]
+        names.append(inner[0].name)
+        if inner[0].name == frame.function and not isinstance(inner[0], ast.ClassDef):
+            best = ".".join(names)
 
 
 def rank_line(record: HangRecord, stacks: str | None) -> str:

@@ -182,9 +182,8 @@ def straggler_lines(history: list[MetricsEvent]) -> list[str]:
         return ["per-rank busy time: not measured (no rank's backward reached the gradient "
                 "of its first trainable parameter)"]
     ranks, steps = len(measured[0][0]), sum(n for _, n in measured)
-    means = _per_step(measured)
+    means, slowest, fastest = _per_step(measured)
     waited = [sum((max(row) - row[r]) * n for row, n in measured) for r in range(ranks)]
-    slowest, fastest = _extremes(means)
     lines = [f"slowest rank: {slowest}, busy {means[slowest]:.3f} s/step (fastest: rank "
              f"{fastest}, {means[fastest]:.3f} s/step; busy = step begin to the end of the "
              f"rank's own backward, {steps} steps)"]
@@ -197,24 +196,20 @@ def straggler_lines(history: list[MetricsEvent]) -> list[str]:
     forward = [(v["rank_forward_s"], int(v.get("busy_steps", 1))) for v in rows
                if v.get("rank_forward_s") and None not in v["rank_forward_s"]]
     if forward and ranks > 1:
-        f_means = _per_step(forward)
-        f_slow, f_fast = _extremes(f_means)
+        f_means, f_slow, f_fast = _per_step(forward)
         lines.append(f"forward: slowest rank {f_slow}, {f_means[f_slow]:.3f} s/step (fastest: "
                      f"rank {f_fast}, {f_means[f_fast]:.3f}; no collective in it under DDP "
                      "and ZeRO-1/2)")
     return lines
 
 
-def _per_step(rows: list[tuple[list[float], int]]) -> list[float]:
-    """Each rank's mean over logged intervals of per-step means, weighted by steps."""
+def _per_step(rows: list[tuple[list[float], int]]) -> tuple[list[float], int, int]:
+    """Each rank's mean over logged intervals of per-step means, weighted by steps; the
+    ranks with the largest and the smallest."""
     steps = sum(n for _, n in rows)
-    return [sum(row[r] * n for row, n in rows) / steps for r in range(len(rows[0][0]))]
-
-
-def _extremes(values: list[float]) -> tuple[int, int]:
-    """(index of the largest, index of the smallest)."""
-    return max(range(len(values)), key=values.__getitem__), min(range(len(values)),
-                                                                key=values.__getitem__)
+    ranks = range(len(rows[0][0]))
+    means = [sum(row[r] * n for row, n in rows) / steps for r in ranks]
+    return means, max(ranks, key=means.__getitem__), min(ranks, key=means.__getitem__)
 
 
 def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:

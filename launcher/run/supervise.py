@@ -13,8 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -78,16 +77,6 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
-@contextmanager
-def handlers(forwarder: StopForwarder) -> Iterator[None]:
-    previous = {signum: signal.signal(signum, forwarder.handle) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -108,6 +97,10 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> S
     child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
                              preexec_fn=term_when_parent_dies(os.getpid()))
     forwarder = StopForwarder(run_dir, child)
-    with handlers(forwarder):
+    previous = {signum: signal.signal(signum, forwarder.handle) for signum in STOP_SIGNALS}
+    try:
         returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return Supervised(returncode, forwarder.aborted)

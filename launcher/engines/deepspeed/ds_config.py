@@ -64,12 +64,8 @@ SUB_GROUP_SIZE = 1_000_000_000
 
 
 def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
-    """The complete DeepSpeed config for `cfg`: concrete values only.
-
-    cfg has passed validation (which refuses ZeRO stages outside 1..3 and offload_param
-    below stage 3 with a message for the user), so what it says is written as is. Only a
-    DeepSpeed strategy has a ds_config: anything else is a caller's bug.
-    """
+    """The complete DeepSpeed config for a validated `cfg`: what it says is written as is
+    (only a DeepSpeed strategy has one: anything else is a caller's bug)."""
     if cfg.strategy.backend != "deepspeed":
         raise ValueError(
             f"build_ds_config: strategy={cfg.strategy.name} (backend {cfg.strategy.backend}) "
