@@ -80,5 +80,6 @@ def lora_ddp_moments(x: PeakInputs, lo: LoraInputs) -> dict[str, Split]:
     between = moments["between_steps"]
     return {**moments, "construction": (2.0 * lo.model(x.psi), 0.0),
             "checkpoint": between, "checkpoint_other_ranks": between,
-            "final": (between[0], between[1] + lo.merged(x.psi)),
+            # rank 0 saves from the live model: a clone of every base weight, merged into
+            "final": (between[0], between[1] + (lo.base_bytes * x.psi + lo.merge_temporaries)),
             "final_other_ranks": between}

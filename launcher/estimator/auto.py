@@ -136,8 +136,6 @@ def resolve(cfg: RunConfig, name: str) -> RunConfig:
     come from the table). A named strategy comes back as an unchanged copy.
     """
     resolved = copy.deepcopy(cfg)
-    if not is_auto(cfg.strategy):
-        return resolved
-    chosen = with_user_settings(strategy_table()[name], cfg.strategy)
-    resolved.strategy = chosen
+    if is_auto(cfg.strategy):
+        resolved.strategy = with_user_settings(strategy_table()[name], cfg.strategy)
     return resolved

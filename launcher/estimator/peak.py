@@ -13,7 +13,6 @@ from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import (
     STAGE3_MAX_LIVE_PARAMETERS,
-    SUB_GROUP_SIZE,
     bucket_elements,
 )
 from launcher.estimator.flops import (
@@ -114,7 +113,6 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
         fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
         bucket=bucket,
         max_live=STAGE3_MAX_LIVE_PARAMETERS + int(0.9 * bucket),
-        sub_group=SUB_GROUP_SIZE,
         gather_on_save=strategy.gather_weights_on_save or tp > 1,
         reshard_after_forward=strategy.fsdp_reshard_after_forward,
     )

@@ -1,8 +1,5 @@
-"""The terms every engine's peak-memory moments are written in (launcher/engines/*).
-
-A moment is what one rank holds at one point of a run, as (device, host) bytes: between
-steps, forward/backward, the optimizer step, the checkpoint save (rank 0 and the other
-ranks), construction (model build and engine wrapping). Every formula was measured on 2
+"""The terms every engine's peak-memory moments (launcher/engines/*) are written in: what
+one rank holds at one point of a run, as (device, host) bytes. Every formula was measured on 2
 CPU ranks in fp32 (102M Llama, docs/memory-notes.md sections 3-5) unless its comment says
 "derived": 16-bit figures and the GPU/host split of offloaded states follow the engines'
 code paths.
@@ -45,7 +42,6 @@ class PeakInputs:
     """ZeRO reduce bucket, elements."""
     max_live: int
     """ZeRO-3: stage3_max_live_parameters + stage3_prefetch_bucket_size, elements."""
-    sub_group: int
     gather_on_save: bool
     reshard_after_forward: bool = True
 
@@ -91,12 +87,6 @@ class LoraInputs:
     def model(self, psi: int) -> float:
         """The model's bytes: frozen base + adapters."""
         return self.base_bytes * psi + self.adapter_bytes * self.adapters
-
-    def merged(self, psi: int) -> float:
-        """Rank 0's final save from the live model (DDP): a clone of every base weight,
-        merged into. A gathered state dict (ZeRO, FSDP) is merged in place: only the
-        merge_temporaries (launcher/checkpoints.merge_lora_state_dict)."""
-        return self.base_bytes * psi + self.merge_temporaries
 
 
 def shifted(moments: dict[str, Split], device: float) -> dict[str, Split]:

@@ -163,14 +163,10 @@ def _per_node_values(
     head_node: str | None, node_rank: str | None
 ) -> tuple[str, str, tuple[str, ...]]:
     """Literal head/rank when given, else the shell placeholders the node's shell sets."""
-    shell_vars: list[str] = []
-    if head_node is None:
-        head_node = "${" + HEAD_NODE_VAR + "}"
-        shell_vars.append(HEAD_NODE_VAR)
-    if node_rank is None:
-        node_rank = "${" + NODE_RANK_VAR + "}"
-        shell_vars.append(NODE_RANK_VAR)
-    return head_node, node_rank, tuple(shell_vars)
+    given = {HEAD_NODE_VAR: head_node, NODE_RANK_VAR: node_rank}
+    values = {name: "${" + name + "}" if value is None else value for name, value in given.items()}
+    shell_vars = tuple(name for name, value in given.items() if value is None)
+    return values[HEAD_NODE_VAR], values[NODE_RANK_VAR], shell_vars
 
 
 def launch_env(cfg: RunConfig) -> dict[str, str]:

@@ -83,22 +83,16 @@ def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
     ds.update(_precision_blocks(cfg.precision))
     ds["zero_optimization"] = _zero_block(cfg)
     ds.update(_optimizer_blocks(cfg))
-    ds.update(_tensor_parallel_blocks(cfg, ds))
+    if cfg.parallel.tp > 1:
+        # AutoTP: the Trainer reads autotp_size and splits the linears. Its HF weights are
+        # saved only when the 16-bit weights are gathered on save, whatever the stage
+        # (docs/stack-notes.md). train_batch_size is left out: the Trainer's mismatch check
+        # and accelerate (ZeRO-3) compute it from the world size, without tp; DeepSpeed
+        # derives it from the data-parallel size.
+        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        del ds["train_batch_size"]
+        ds["tensor_parallel"] = {"autotp_size": cfg.parallel.tp}
     return ds
-
-
-def _tensor_parallel_blocks(cfg: RunConfig, ds: dict[str, Any]) -> dict[str, Any]:
-    """AutoTP (parallel.tp > 1): the Trainer reads autotp_size and splits the linears. Its
-    HF weights are saved only when the 16-bit weights are gathered on save, whatever the
-    stage (docs/stack-notes.md). train_batch_size is left out: the Trainer's mismatch check
-    and accelerate (ZeRO-3) compute it from the world size, without tp; DeepSpeed derives
-    it from the data-parallel size."""
-    tp = cfg.parallel.tp
-    if tp == 1:
-        return {}
-    ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-    del ds["train_batch_size"]
-    return {"tensor_parallel": {"autotp_size": tp}}
 
 
 def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
