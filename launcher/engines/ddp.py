@@ -1,8 +1,5 @@
-"""torch DDP: every rank holds the whole model, gradients and optimizer state.
-
-Its peak-memory moments (launcher/estimator/peak_terms.py terms) and its rules; everything else is
-the plain default of launcher/engines/base.py.
-"""
+"""torch DDP: every rank holds the whole model, gradients and optimizer state. Its rules
+and peak-memory moments; everything else is the default of launcher/engines/base.py."""
 
 from __future__ import annotations
 

@@ -49,7 +49,6 @@ class StrategyEstimate:
     buffer_bytes: float
     """Framework allowance (runtime, CUDA context, communication): not tensor bytes."""
     gpu_bytes: float
-    """peak_bytes + buffer_bytes: what must fit in the device."""
     gpu_capacity_bytes: float
     host_bytes: float
     """Host RAM per node (offloaded states)."""
@@ -106,9 +105,8 @@ def strategy_estimate(
 
 def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
     """One entry per concrete strategy of the table, in table order; the configured one is
-    cfg.strategy itself, so an override such as strategy.offload_param=true shows in its row
-    (and a concrete strategy missing from the table, e.g. a config.yaml read back from an
-    older run dir, gets a row of its own at the end)."""
+    cfg.strategy itself, so its overrides show in its row (one missing from the table, e.g.
+    from an older run dir's config.yaml, gets a row of its own at the end)."""
     table = concrete_strategies()
     if not is_auto(cfg.strategy):
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)

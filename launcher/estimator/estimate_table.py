@@ -1,8 +1,6 @@
-"""`ftl estimate` output: the fixed-width table and the --json document of one Estimate.
-
-Both take the strategy the caller chose (the configured one, or what strategy=auto picked
-from the same Estimate), so nothing here computes an estimate or imports launcher.estimator.auto.
-"""
+"""`ftl estimate` output: the fixed-width table and the --json document of one Estimate,
+given the strategy the caller chose (configured, or strategy=auto's pick): nothing here
+computes an estimate."""
 
 from __future__ import annotations
 

@@ -158,12 +158,10 @@ def rank_sequence(cfg: RunConfig) -> int:
 def activation_bytes(cfg: RunConfig) -> float:
     """Activations of one micro batch at dataset.max_length (a rank's slice of it under
     sequence parallelism) when the forward returns (the same under every strategy: none
-    of them shards activations). Every element at the
-    working precision (4 bytes fp32, 2 in 16-bit), + 3h per token outside the layers
-    (embedding output, final norm), + the logits (LOGITS_BYTES_PER_ELEMENT). No s x s
-    term: SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the
-    s = 128 run doubled, it did not quadruple). With gradient checkpointing each layer
-    keeps its input only (measured -2.7 %)."""
+    of them shards activations); outside the layers 3h per token (embedding output, final
+    norm) and the logits. No s x s term: SDPA on GPU and torch's CPU flash kernel keep no
+    attention scores (measured: the s = 128 run doubled, it did not quadruple). With
+    gradient checkpointing each layer keeps its input only (measured -2.7 %)."""
     model = cfg.model
     s, b, h = rank_sequence(cfg), cfg.train.micro_batch_size, model.hidden_size
     per_layer = (h if cfg.train.gradient_checkpointing

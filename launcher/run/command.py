@@ -65,12 +65,9 @@ def build_launch(
     hosts: Sequence[str] | None = None,
 ) -> Launch:
     """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank.
-
-    head_node / node_rank: literal values when known; omitted, per-node forms use the
-    `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholders. hostfile_path: where the caller
-    writes `Launch.hostfile` (default RUN_DIR/hostfile). hosts: real host names for a
-    generated hostfile (deepspeed multi-node).
-    """
+    head_node / node_rank: literal values when known (else placeholders); hostfile_path:
+    where the caller writes `Launch.hostfile` (default RUN_DIR/hostfile); hosts: real host
+    names for a generated hostfile (deepspeed multi-node)."""
     if cfg.cluster.launcher == "torchrun":
         return _torchrun(cfg, run_dir, head_node, node_rank)
     if cfg.cluster.launcher == "deepspeed":

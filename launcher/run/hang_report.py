@@ -122,11 +122,13 @@ def qualified_name(frame: Frame) -> str:
             best = ".".join(names)
 
 
-def rank_line(record: HangRecord, stacks: str | None) -> str:
-    if stacks is None:
+def rank_line(record: HangRecord, stacks: Path) -> str:
+    try:
+        threads = parse_threads(stacks.read_text(errors="replace"))
+    except OSError:
         place = "its stack file is missing"
     else:
-        place = where(parse_threads(stacks).get(record.main_thread, []))
+        place = where(threads.get(record.main_thread, []))
     return f"rank {record.rank} on {record.host}: {place} at step {record.step}"
 
 
@@ -140,17 +142,10 @@ def hang_lines(run_dir: RunDir, world_size: int | None = None) -> list[str]:
     lines = [f"hung: no progress within {first.bound_s:g} s after step {first.step} "
              f"(hang watchdog, exit {HUNG_EXIT}); every thread's stack: {run_dir.hang}"]
     for record in records:
-        lines.append("  " + rank_line(record, _read(run_dir.hang_stacks(record.rank))))
+        lines.append("  " + rank_line(record, run_dir.hang_stacks(record.rank)))
     missing = sorted(set(range(world_size or 0)) - {r.rank for r in records})
     for rank in missing:
         lines.append(f"  rank {rank}: no hang record (ended before its watchdog ran out, or "
                      "its node is gone)")
     return lines
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
 

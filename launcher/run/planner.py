@@ -103,12 +103,11 @@ def resolve_tool(argv: list[str]) -> list[str]:
 def launch_script(launch: Launch, overrides: list[str]) -> str:
     """launch.sh: the exact command, runnable by hand from any directory."""
     argv = resolve_tool(launch.argv)
-    needs = [f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars]
     lines = [
         "#!/usr/bin/env bash",
         f"# written by: ftl {shlex.join(overrides)}".rstrip(),
         "set -euo pipefail",
-        *needs,
+        *(f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars),
         *(f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()),
         f"exec {render_argv(argv, launch.shell_vars)} \"$@\"",
     ]

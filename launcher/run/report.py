@@ -83,13 +83,10 @@ def _memory_lines(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[st
     table = memory_table(estimate, ranks)
     if table:
         return table
-    lines = []
-    if estimate.get("gpu_bytes"):
-        lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
-    for rank in ranks:
-        lines.append(f"measured peak memory, rank {rank.rank}: "
-                     f"{rank.peak_memory_mib / 1024:.3f} GiB")
-    return lines
+    lines = ([f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB"]
+             if estimate.get("gpu_bytes") else [])
+    return lines + [f"measured peak memory, rank {rank.rank}: "
+                    f"{rank.peak_memory_mib / 1024:.3f} GiB" for rank in ranks]
 
 
 def predicted_for(estimate: dict[str, Any], phase: str, rank: int) -> float | None:
@@ -162,8 +159,13 @@ def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
         return []
     lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
     tokens = final[-1].get("num_input_tokens_seen")
-    seconds = _estimated_seconds(run_dir, tokens) if tokens else None
-    if seconds is not None:
+    config = RunDir(run_dir).config
+    if tokens and config.is_file():  # the estimator's time for them, as `ftl estimate`'s
+        from launcher.config.compose import load_run_config
+        from launcher.estimator.flops import run_flops, run_seconds
+
+        cfg = load_run_config(config)
+        seconds = run_seconds(cfg, run_flops(cfg, tokens))
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
     return lines
 
@@ -210,18 +212,6 @@ def _per_step(rows: list[tuple[list[float], int]]) -> tuple[list[float], int, in
     ranks = range(len(rows[0][0]))
     means = [sum(row[r] * n for row, n in rows) / steps for r in ranks]
     return means, max(ranks, key=means.__getitem__), min(ranks, key=means.__getitem__)
-
-
-def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
-    """The estimator's time for the tokens the run saw (same rules as `ftl estimate`)."""
-    config = RunDir(run_dir).config
-    if not config.is_file():
-        return None
-    from launcher.config.compose import load_run_config
-    from launcher.estimator.flops import run_flops, run_seconds
-
-    cfg = load_run_config(config)
-    return run_seconds(cfg, run_flops(cfg, tokens))
 
 
 def report(run_dir: Path) -> tuple[str, Path]:

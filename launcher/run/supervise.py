@@ -37,14 +37,14 @@ class Supervised:
     aborted: bool
 
 
+@dataclass
 class StopForwarder:
     """The signal handler: first signal -> stop request file; second -> kill everything."""
 
-    def __init__(self, run_dir: RunDir, child: subprocess.Popen[bytes]) -> None:
-        self.run_dir = run_dir
-        self.child = child
-        self.stop_signal: str | None = None
-        self.aborted = False
+    run_dir: RunDir
+    child: subprocess.Popen[bytes]
+    stop_signal: str | None = None
+    aborted: bool = False
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name

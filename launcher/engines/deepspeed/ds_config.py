@@ -113,7 +113,6 @@ def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
 def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     strategy = cfg.strategy
     stage = strategy.zero_stage
-    hidden = cfg.model.hidden_size
     bucket = strategy.bucket_size or bucket_elements(cfg)
     zero: dict[str, Any] = {
         "stage": stage,
@@ -127,7 +126,7 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     else:
         zero.update(
             stage3_prefetch_bucket_size=int(0.9 * bucket),
-            stage3_param_persistence_threshold=10 * hidden,
+            stage3_param_persistence_threshold=10 * cfg.model.hidden_size,
             stage3_max_live_parameters=STAGE3_MAX_LIVE_PARAMETERS,
             stage3_max_reuse_distance=STAGE3_MAX_REUSE_DISTANCE,
             sub_group_size=SUB_GROUP_SIZE,
