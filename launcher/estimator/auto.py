@@ -49,10 +49,8 @@ def model_parallel_layout(cfg: RunConfig) -> tuple[RunConfig, Estimate, list[str
 
 
 def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
-    """(first candidate whose row fits, or None; one reason line per candidate looked at).
-
-    `est` is estimate(cfg): nothing is computed here.
-    """
+    """(first candidate whose row of `est` = estimate(cfg) fits, or None; one reason line
+    per candidate looked at)."""
     reasons: list[str] = []
     for name in candidates(cfg):
         row = est.row(name)
@@ -130,11 +128,9 @@ def _tried(cfg: RunConfig, change: dict[str, object]) -> str:
 
 
 def resolve(cfg: RunConfig, name: str) -> RunConfig:
-    """A copy of cfg with strategy=auto replaced by the table's `name` entry.
-
-    Every other strategy.* value the user set next to strategy=auto is kept (CHOSEN_FIELDS
-    come from the table). A named strategy comes back as an unchanged copy.
-    """
+    """A copy of cfg with strategy=auto replaced by the table's `name` entry, keeping every
+    other strategy.* value the user set next to it (CHOSEN_FIELDS come from the table); a
+    named strategy comes back as an unchanged copy."""
     resolved = copy.deepcopy(cfg)
     if is_auto(cfg.strategy):
         resolved.strategy = with_user_settings(strategy_table()[name], cfg.strategy)

@@ -119,10 +119,8 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
 
 
 def estimate(cfg: RunConfig, tokens: int | None = None) -> Estimate:
-    """Every strategy's memory on cfg's cluster, plus FLOPs and time for the whole run.
-
-    `tokens` overrides the figure from the config (e.g. counted from the data by the caller).
-    """
+    """Every strategy's memory on cfg's cluster, plus FLOPs and time for the whole run
+    (`tokens`, e.g. counted from the data, overrides the config's figure)."""
     tokens = tokens if tokens is not None else training_tokens(cfg)
     flops = seconds = hours = None
     if tokens is not None:

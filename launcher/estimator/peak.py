@@ -11,10 +11,7 @@ from dataclasses import dataclass, replace
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
-from launcher.engines.deepspeed.ds_config import (
-    STAGE3_MAX_LIVE_PARAMETERS,
-    bucket_elements,
-)
+from launcher.engines.deepspeed.ds_config import STAGE3_MAX_LIVE_PARAMETERS, bucket_elements
 from launcher.estimator.flops import (
     adapter_params,
     count_params,

@@ -13,15 +13,6 @@ from launcher.estimator.peak import RANK0_MOMENTS, other_ranks_peak
 from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
 
 
-def load_history(run_dir: Path) -> list[MetricsEvent]:
-    if not RunDir(run_dir).metrics.is_file():
-        raise DataError(
-            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
-            "training (outputs/<run.name>/<timestamp>)."
-        )
-    return RunDir(run_dir).read_metrics()
-
-
 def series(history: list[MetricsEvent], key: str) -> tuple[list[float], list[float]]:
     points = [(e.step, e.values[key]) for e in history if e.kind == "log" and key in e.values]
     return [p[0] for p in points], [p[1] for p in points]
@@ -218,6 +209,12 @@ def report(run_dir: Path) -> tuple[str, Path]:
     """The summary text and the PNG's path."""
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: not a directory. Fix: pass a run dir from outputs/.")
-    history = load_history(run_dir)
-    png = draw_png(history, RunDir(run_dir).report_png, title=str(run_dir.name))
+    files = RunDir(run_dir)
+    if not files.metrics.is_file():
+        raise DataError(
+            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
+            "training (outputs/<run.name>/<timestamp>)."
+        )
+    history = files.read_metrics()
+    png = draw_png(history, files.report_png, title=str(run_dir.name))
     return summary(run_dir, history), png

@@ -32,10 +32,8 @@ def universal_resume(run_dir: RunDir, checkpoint: Path, rank: int, timeout_s: fl
     """The converted checkpoint to resume from: rank 0 converts it (once per run dir), the
     other ranks wait for it."""
     target = run_dir.path / UNIVERSAL / checkpoint.name
-    if rank == 0:
-        if not target.is_dir():
-            convert(checkpoint, target)
-        return target
+    if rank == 0 and not target.is_dir():
+        convert(checkpoint, target)
     deadline = time.monotonic() + timeout_s
     while not target.is_dir():
         if time.monotonic() > deadline:
