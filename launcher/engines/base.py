@@ -1,11 +1,6 @@
-"""What a distributed engine is asked: one class per engine, everything that differs.
-
-Every module outside launcher/engines/ asks the engine of the chosen strategy
-(`launcher.engines.engine_of`) instead of comparing backend names. The defaults here are
-the plain data-parallel answers; an engine overrides what it does differently. Config-side
-methods are pure (the validation stage, the planner and the estimator call them on the
-launching machine); rank-side ones run in `python -m launcher.rank.worker` and may import the
-engine's libraries.
+"""What a distributed engine is asked, with the plain data-parallel answers as defaults.
+Config-side methods are pure (validation, planner, estimator); rank-side ones run on the
+ranks and may import the engine's libraries.
 """
 
 from __future__ import annotations
@@ -60,9 +55,6 @@ class Engine:
     def memory_stage(self, strategy: StrategyConfig) -> int:
         """The ZeRO stage its memory behaves like (the ZeRO paper's formulas)."""
         return strategy.zero_stage
-
-    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
-        return strategy.offload_optimizer
 
     def settings(self, cfg: RunConfig) -> dict[str, Any] | None:
         """The contents of `settings_file`, concrete values only."""

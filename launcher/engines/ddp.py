@@ -1,8 +1,5 @@
-"""torch DDP: every rank holds the whole model, gradients and optimizer state.
-
-Its peak-memory moments (launcher/estimator/peak_terms.py terms) and its rules; everything else is
-the plain default of launcher/engines/base.py.
-"""
+"""torch DDP: every rank holds the whole model, gradients and optimizer state. Its rules
+and peak-memory moments; everything else is the default of launcher/engines/base.py."""
 
 from __future__ import annotations
 
@@ -35,9 +32,6 @@ class DdpEngine(Engine):
 
     def memory_stage(self, strategy: StrategyConfig) -> int:
         return 0
-
-    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
-        return False
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         return with_first_step(ddp_moments(x), 8.0 * x.psi, offloaded=False)
@@ -83,5 +77,6 @@ def lora_ddp_moments(x: PeakInputs, lo: LoraInputs) -> dict[str, Split]:
     between = moments["between_steps"]
     return {**moments, "construction": (2.0 * lo.model(x.psi), 0.0),
             "checkpoint": between, "checkpoint_other_ranks": between,
-            "final": (between[0], between[1] + lo.merged(x.psi)),
+            # rank 0 saves from the live model: a clone of every base weight, merged into
+            "final": (between[0], between[1] + (lo.base_bytes * x.psi + lo.merge_temporaries)),
             "final_other_ranks": between}

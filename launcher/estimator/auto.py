@@ -1,15 +1,9 @@
 """`strategy=auto`: pick the fastest strategy whose estimate fits, and say why.
 
-The candidates and their order come from the strategy table (`auto_rank` in
-configs/strategy/*.yaml, see launcher.config.strategies.auto_ladder): ddp, zero1, zero2, zero3,
-zero2_offload, zero3_offload. Less sharding means less communication, and offload (PCIe
-traffic, CPU Adam) is slowest, so zero3 comes before zero2_offload. FSDP is never picked on
-its own: the user asks for it with `strategy=auto strategy.backend=fsdp`, and the ladder
-becomes ddp, fsdp, fsdp_offload.
-
-`choose` reads the rows of an Estimate the caller already has (one estimate per plan);
-only `nothing_fits` estimates again, for the trial configs behind its suggested fixes.
-Pure: no torch import. This module imports launcher.estimator.estimate, never the reverse.
+The ladder is the strategy table's `auto_rank` order (docs/design.md, "The strategy
+table"): less sharding means less communication, and offload (PCIe traffic, CPU Adam) is
+slowest, so zero3 comes before zero2_offload. `choose` reads the one Estimate of the plan;
+only `nothing_fits` and `model_parallel_layout` estimate again, for trial configs.
 """
 
 from __future__ import annotations
@@ -55,10 +49,8 @@ def model_parallel_layout(cfg: RunConfig) -> tuple[RunConfig, Estimate, list[str
 
 
 def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
-    """(first candidate whose row fits, or None; one reason line per candidate looked at).
-
-    `est` is estimate(cfg): nothing is computed here.
-    """
+    """(first candidate whose row of `est` = estimate(cfg) fits, or None; one reason line
+    per candidate looked at)."""
     reasons: list[str] = []
     for name in candidates(cfg):
         row = est.row(name)
@@ -101,7 +93,9 @@ def rejection(cfg: RunConfig, row: StrategyEstimate) -> str:
 def nothing_fits(cfg: RunConfig, reasons: list[str]) -> list[str]:
     """One problem per rejected strategy, then the fixes, each tried on a copy of cfg (the
     caller raises ConfigError with them)."""
-    problems = [f"strategy=auto: nothing fits on {_cluster_text(cfg)}:"]
+    cluster = cfg.cluster
+    problems = [f"strategy=auto: nothing fits on {cluster.nodes}x{cluster.gpus_per_node} "
+                f"{cluster.gpu}:"]
     problems += [f"strategy=auto: {reason}" for reason in reasons]
     fixes = []
     if cfg.peft.name == "none":
@@ -128,28 +122,16 @@ def _tried(cfg: RunConfig, change: dict[str, object]) -> str:
         section, key = path.split(".")
         setattr(getattr(trial, section), key, value)
     fit, _ = choose(trial, estimate(trial))
-    text = " ".join(f"{path.removesuffix('.name')}={_yaml(value)}" for path, value in change.items()
-                    if path != "peft.bits")
+    text = " ".join(f"{path.removesuffix('.name')}={str(value).lower()}"  # YAML's true
+                    for path, value in change.items() if path != "peft.bits")
     return f"{text} (fits with {fit})" if fit else f"{text} (not enough alone)"
 
 
-def _yaml(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _cluster_text(cfg: RunConfig) -> str:
-    return f"{cfg.cluster.nodes}x{cfg.cluster.gpus_per_node} {cfg.cluster.gpu}"
-
-
 def resolve(cfg: RunConfig, name: str) -> RunConfig:
-    """A copy of cfg with strategy=auto replaced by the table's `name` entry.
-
-    Every other strategy.* value the user set next to strategy=auto is kept (CHOSEN_FIELDS
-    come from the table). A named strategy comes back as an unchanged copy.
-    """
+    """A copy of cfg with strategy=auto replaced by the table's `name` entry, keeping every
+    other strategy.* value the user set next to it (CHOSEN_FIELDS come from the table); a
+    named strategy comes back as an unchanged copy."""
     resolved = copy.deepcopy(cfg)
-    if not is_auto(cfg.strategy):
-        return resolved
-    chosen = with_user_settings(strategy_table()[name], cfg.strategy)
-    resolved.strategy = chosen
+    if is_auto(cfg.strategy):
+        resolved.strategy = with_user_settings(strategy_table()[name], cfg.strategy)
     return resolved

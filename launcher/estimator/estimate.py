@@ -1,10 +1,6 @@
 """What a run will cost before any GPU is touched: FLOPs, time, and per-GPU memory under
-every strategy of the table (configs/strategy/*.yaml).
-
-Computed once per plan: `ftl estimate` renders it (launcher/estimator/estimate_table.py),
-`strategy=auto` picks from its rows (launcher/estimator/auto.py) and the plan keeps the
-chosen row. The figures come from flops.py and memory.py; this module only puts them side
-by side. No torch, transformers or deepspeed import.
+every strategy of the table, computed once per plan (flops.py, memory.py and peak.py side
+by side): `ftl estimate` renders it, `strategy=auto` picks a row, the plan keeps its row.
 """
 
 from __future__ import annotations
@@ -48,14 +44,11 @@ class StrategyEstimate:
     steady_bytes: float
     """The same over a training step (first and steady-state steps)."""
     moments: dict[str, float]
-    """Moment (construction, between_steps, forward_backward, optimizer_step, checkpoint,
-    checkpoint_other_ranks; LoRA: final, final_other_ranks) -> predicted live tensor bytes
-    per rank."""
+    """Moment (peak.MOMENTS; LoRA also final, final_other_ranks) -> live tensor bytes."""
     construction_above_training: bool
     buffer_bytes: float
     """Framework allowance (runtime, CUDA context, communication): not tensor bytes."""
     gpu_bytes: float
-    """peak_bytes + buffer_bytes: what must fit in the device."""
     gpu_capacity_bytes: float
     host_bytes: float
     """Host RAM per node (offloaded states)."""
@@ -96,28 +89,24 @@ def strategy_estimate(
     """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
     states, host = model_state_bytes(cfg, strategy)
     peak = predict_peak(cfg, strategy)
+    # a frozen LoRA base keeps less than full fine-tuning
+    acts = lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
     buffers = framework_buffer_bytes(gpu_preset(cfg.cluster.gpu))
     gpu = peak.peak_bytes + buffers
     capacity, host_cap = device_memory_bytes(cfg), host_capacity_bytes(cfg)
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, run_activation_bytes(cfg), peak.peak_bytes, peak.steady_bytes,
+        strategy.name, states, acts, peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
     )
 
 
-def run_activation_bytes(cfg: RunConfig) -> float:
-    """One micro batch's activations: a frozen LoRA base keeps less than full fine-tuning."""
-    return lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
-
-
 def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
     """One entry per concrete strategy of the table, in table order; the configured one is
-    cfg.strategy itself, so an override such as strategy.offload_param=true shows in its row
-    (and a concrete strategy missing from the table, e.g. a config.yaml read back from an
-    older run dir, gets a row of its own at the end)."""
+    cfg.strategy itself, so its overrides show in its row (one missing from the table, e.g.
+    from an older run dir's config.yaml, gets a row of its own at the end)."""
     table = concrete_strategies()
     if not is_auto(cfg.strategy):
         table[cfg.strategy.name] = copy.deepcopy(cfg.strategy)
@@ -130,10 +119,8 @@ def row_strategies(cfg: RunConfig) -> list[StrategyConfig]:
 
 
 def estimate(cfg: RunConfig, tokens: int | None = None) -> Estimate:
-    """Every strategy's memory on cfg's cluster, plus FLOPs and time for the whole run.
-
-    `tokens` overrides the figure from the config (e.g. counted from the data by the caller).
-    """
+    """Every strategy's memory on cfg's cluster, plus FLOPs and time for the whole run
+    (`tokens`, e.g. counted from the data, overrides the config's figure)."""
     tokens = tokens if tokens is not None else training_tokens(cfg)
     flops = seconds = hours = None
     if tokens is not None:

@@ -1,8 +1,6 @@
-"""`ftl estimate` output: the fixed-width table and the --json document of one Estimate.
-
-Both take the strategy the caller chose (the configured one, or what strategy=auto picked
-from the same Estimate), so nothing here computes an estimate or imports launcher.estimator.auto.
-"""
+"""`ftl estimate` output: the fixed-width table and the --json document of one Estimate,
+given the strategy the caller chose (configured, or strategy=auto's pick): nothing here
+computes an estimate."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
 
 def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> str:
     """Every strategy's row, the chosen one marked `*`, under a header naming the run."""
-    unit, size = ("GiB", GIB) if max(r.gpu_bytes for r in est.strategies) >= GIB else (
-        "MiB", 1024**2
-    )
+    big = max(r.gpu_bytes for r in est.strategies) >= GIB
+    unit, size = ("GiB", GIB) if big else ("MiB", 1024**2)
     lines = [*_header(cfg, est), ""]
     lines.append(
         f"  {'strategy':<14}{'states ' + unit:>11}{'activ. ' + unit:>11}{'peak ' + unit:>11}"
@@ -54,8 +51,10 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         "host RAM not checked (cluster.host_memory_gib=0)"
     )
     buffers = framework_buffer_bytes(gpu_preset(c["gpu"])) / GIB
+    trainable = ("all trainable" if est.trainable_params == est.params
+                 else f"{_count(est.trainable_params)} trainable adapter params")
     return [
-        f"{est.model}: {_count(est.params)} params ({_trainable(est)}), "
+        f"{est.model}: {_count(est.params)} params ({trainable}), "
         f"precision {est.precision}, {c['nodes']} node(s) x "
         f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}"
         + _model_parallel_text(cfg),
@@ -80,12 +79,6 @@ def _model_parallel_text(cfg: RunConfig) -> str:
     return ""
 
 
-def _trainable(est: Estimate) -> str:
-    if est.trainable_params == est.params:
-        return "all trainable"
-    return f"{_count(est.trainable_params)} trainable adapter params"
-
-
 def _count(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
@@ -95,16 +88,12 @@ def _count(n: int) -> str:
 
 def _compute_line(cfg: RunConfig, est: Estimate) -> str:
     if est.tokens is None or est.flops is None:
-        return (
-            "compute: unknown - the token count is not known; set dataset.num_tokens "
-            "(tokens per epoch) or train.max_steps"
-        )
+        return ("compute: unknown - the token count is not known; set dataset.num_tokens "
+                "(tokens per epoch) or train.max_steps")
     factor = flops_factor(cfg.train.gradient_checkpointing, cfg.peft.name != "none")
-    return (
-        f"compute: {est.tokens:.3g} tokens, {est.flops:.3g} FLOPs "
-        f"({factor}PD), {_duration(est.est_seconds)} "
-        f"at MFU {cfg.train.mfu:g} = {est.gpu_hours:.3g} GPU-hours (same MFU for every row)"
-    )
+    return (f"compute: {est.tokens:.3g} tokens, {est.flops:.3g} FLOPs ({factor}PD), "
+            f"{_duration(est.est_seconds)} at MFU {cfg.train.mfu:g} = {est.gpu_hours:.3g} "
+            "GPU-hours (same MFU for every row)")
 
 
 def _chosen_line(cfg: RunConfig, chosen: str | None) -> str:

@@ -7,15 +7,10 @@ the worker's MFU callback share these figures without loading a model.
   gated MLP, RMSNorm, q/k/v biases for architecture=qwen2, untied lm_head unless
   `model.tie_word_embeddings`). Equal to the published counts of Llama-2 7B/13B/70B and
   Mistral-7B, and to HF models built from the same numbers (tests).
-- Compute: C = 6*P*D FLOPs (forward 2PD, backward 4PD; Kaplan et al. 2020), plus one more
-  forward (2PD) when `train.gradient_checkpointing` recomputes activations. Attention's
-  s^2 FLOPs are left out, as in the 6PD rule. With LoRA/QLoRA the frozen base gets no
-  weight gradients: C = 4PD (+2PD with checkpointing).
-- Time = C / (world size x peak x `train.mfu`) with the preset's dense 16-bit peak
-  (fp16/bf16) or fp32 peak (fp32). The same MFU is used for every strategy: offload
+- Compute: C = 6PD (Kaplan et al. 2020; flops_factor), attention's s^2 FLOPs left out
+  as in the 6PD rule.
+- Time = C / (world size x peak x `train.mfu`), the same MFU for every strategy: offload
   usually runs at a lower MFU, which we do not guess.
-- Tokens D: train.max_steps x global batch x dataset.max_length when max_steps > 0, else
-  dataset.num_tokens x train.epochs; None (said so, not invented) when neither is known.
 """
 
 from __future__ import annotations
@@ -114,12 +109,7 @@ def flops_factor(gradient_checkpointing: bool = False, frozen_base: bool = False
 def training_flops(
     params: int, tokens: int, gradient_checkpointing: bool = False, frozen_base: bool = False
 ) -> float:
-    """C = 6PD (2PD forward + 4PD backward), + 2PD for the recomputed forward.
-
-    With LoRA/QLoRA (`frozen_base`) the backward pass computes activation gradients (2PD)
-    but no weight gradients for the frozen base, so C = 4PD (+2PD with checkpointing);
-    the adapters' own FLOPs are negligible.
-    """
+    """C = flops_factor x PD (the adapters' own FLOPs are negligible)."""
     return float(flops_factor(gradient_checkpointing, frozen_base)) * params * tokens
 
 
@@ -152,12 +142,8 @@ def peak_flops_per_device(cfg: RunConfig) -> float | None:
     return None if preset.is_cpu else peak_flops(preset, cfg.precision.name)
 
 
-def training_seconds(flops: float, world_size: int, peak: float, mfu: float) -> float:
-    return flops / (world_size * peak * mfu)
-
-
 def run_seconds(cfg: RunConfig, flops: float) -> float:
     """Wall time of `flops` on cfg's devices at train.mfu (the cpu preset has a nominal peak,
     so plans on CPU still get a figure)."""
     peak = peak_flops(gpu_preset(cfg.cluster.gpu), cfg.precision.name)
-    return training_seconds(flops, cfg.world_size, peak, cfg.train.mfu)
+    return flops / (cfg.world_size * peak * cfg.train.mfu)

@@ -1,22 +1,8 @@
-"""Per-GPU (and per-node host) memory of a run under one strategy: the engine accounting.
-
-Pure arithmetic, no torch/deepspeed import. Sources of each figure:
-
-- Model states: what the DeepSpeed engine (or torch DDP) really allocates, read from its
-  source and measured on live engines (docs/memory-notes.md, "Engine accounting").
-  Precision-aware.
-  DeepSpeed's own estimator functions are what tests/unit/test_estimate.py compares it
-  with, not used here: they assume 16-bit training and under-count ZeRO-3 by one 16-bit
-  partition.
-- Activations: fitted to live tensor bytes measured at the forward's end (2 CPU ranks,
-  fp32; docs/memory-notes.md section 4): `activation_bytes` (Korthikanti et al. 2022,
-  arXiv 2205.05198, was the estimator before: s*b*h*(34 + 5as/h) bytes per layer).
-- The per-rank PEAK (what a run measures) is a max over moments: launcher/estimator/peak.py. The
-  model-state figures here are the states at the optimizer step's start (the "states"
-  column) and the offloaded host RAM per node.
-- Framework allowance per GPU: FRAMEWORK_BUFFER_BYTES (CUDA context, NCCL buffers, ZeRO
-  communication buckets), not tensor bytes; a run "fits" when the predicted peak +
-  allowance <= FIT_FRACTION of the preset's memory (the rest is allocator fragmentation).
+"""Model states (the "states" column: what the DeepSpeed engine or torch DDP holds as the
+optimizer step starts, and the offloaded host RAM per node; docs/memory-notes.md, "Engine
+accounting"), activations (fitted to live tensor bytes, 2 CPU ranks, fp32: section 4;
+Korthikanti et al. 2022's s*b*h*(34 + 5as/h) per layer was the estimator before) and the
+framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -44,15 +30,13 @@ FIT_FRACTION = 0.95
 """Share of the preset's memory we plan to use; the rest absorbs allocator fragmentation."""
 DEEPSPEED_BUFFER_FACTOR = 1.5
 """DeepSpeed's `additional_buffer_factor` default for host-memory figures."""
-LOGITS_BYTES_PER_ELEMENT = {16: 10, 32: 8}
-"""Per s*b*V logit element: 16-bit logits + fp32 upcast + fp32 log-softmax (fp32: no upcast)."""
+LOGITS_BYTES_PER_ELEMENT = {2: 10, 4: 8}
+"""Per s*b*V logit element, by working-param bytes: 16-bit logits + fp32 upcast + fp32
+log-softmax (fp32: no upcast)."""
 QLORA_BYTES_PER_PARAM = 0.5 + 4 / 64
 """NF4: 4 bits per weight plus one fp32 absmax per 64-weight block (no double quant)."""
 ADAPTER_BYTES_PER_PARAM = 16
 """LoRA adapters train in fp32: weight 4 + grad 4 + Adam m, v 8."""
-ZERO3_SUB_GROUP_SIZE = SUB_GROUP_SIZE
-"""ZeRO-3 `sub_group_size` the ds_config writes: fp32 grads exist one sub-group at a time."""
-
 
 
 # ---------------------------------------------------------------- model states
@@ -66,7 +50,6 @@ def engine_model_state_parts(
     offload_optimizer: bool = False,
     offload_param: bool = False,
     param_bytes: int = 2,
-    sub_group_size: int = ZERO3_SUB_GROUP_SIZE,
 ) -> dict[str, float]:
     """Bytes per GPU the engine holds at its peak, by kind (docs/memory-notes.md, "Engine
     accounting").
@@ -95,19 +78,9 @@ def engine_model_state_parts(
         params = 0 if offload_param else p * psi / n
         return {"params": params, "grads": 0, "optimizer": 0, "gathered": gathered,
                 "transient": 0}
-    grads = p * psi / n + 4 * min(sub_group_size, psi / n)  # fp32 grads: one sub-group at a time
+    grads = p * psi / n + 4 * min(SUB_GROUP_SIZE, psi / n)  # fp32 grads: one sub-group at a time
     return {"params": p * psi / n, "grads": grads, "optimizer": 12 * psi / n,
             "gathered": gathered, "transient": 0}
-
-
-def engine_host_bytes(
-    total_params: int, gpus_per_node: int, world_size: int, strategy: StrategyConfig, p: int
-) -> float:
-    """Host RAM per node for offloaded states: fp32 master, grads, Adam (+ 16-bit params)."""
-    if not strategy.offload_optimizer:
-        return 0.0
-    per_param = 16 + (p if strategy.offload_param else 0)
-    return per_param * total_params * gpus_per_node / world_size * DEEPSPEED_BUFFER_FACTOR
 
 
 def param_bytes(precision: str) -> int:
@@ -127,7 +100,10 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
         psi, largest, n, engine_of(strategy).memory_stage(strategy), strategy.offload_optimizer,
         strategy.offload_param, p,
     )
-    return sum(parts.values()), engine_host_bytes(psi, cfg.cluster.gpus_per_node, n, strategy, p)
+    # offloaded: fp32 master, grads and Adam (+ the 16-bit params) on each node's host
+    per_param = (16 + (p if strategy.offload_param else 0)) if strategy.offload_optimizer else 0
+    host = per_param * psi * cfg.cluster.gpus_per_node / n * DEEPSPEED_BUFFER_FACTOR
+    return sum(parts.values()), host
 
 
 def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
@@ -182,21 +158,21 @@ def rank_sequence(cfg: RunConfig) -> int:
 def activation_bytes(cfg: RunConfig) -> float:
     """Activations of one micro batch at dataset.max_length (a rank's slice of it under
     sequence parallelism) when the forward returns (the same under every strategy: none
-    of them shards activations). Every element at the
-    working precision (4 bytes fp32, 2 in 16-bit), + 3h per token outside the layers
-    (embedding output, final norm), + the logits (LOGITS_BYTES_PER_ELEMENT). No s x s
-    term: SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the
-    s = 128 run doubled, it did not quadruple). With gradient checkpointing each layer
-    keeps its input only (measured -2.7 %)."""
+    of them shards activations); outside the layers 3h per token (embedding output, final
+    norm) and the logits. No s x s term: SDPA on GPU and torch's CPU flash kernel keep no
+    attention scores (measured: the s = 128 run doubled, it did not quadruple). With
+    gradient checkpointing each layer keeps its input only (measured -2.7 %)."""
     model = cfg.model
     s, b, h = rank_sequence(cfg), cfg.train.micro_batch_size, model.hidden_size
-    fp32 = cfg.precision.name == "fp32"
-    e = 4 if fp32 else 2
     per_layer = (h if cfg.train.gradient_checkpointing
                  else layer_activation_elements(model, cfg.parallel.tp, cfg.parallel.sp))
     layers = model.num_layers * per_layer + 3 * h
-    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
-    return e * s * b * layers + logits
+    return param_bytes(cfg.precision.name) * s * b * layers + logits_bytes(cfg, s)
+
+
+def logits_bytes(cfg: RunConfig, s: int) -> float:
+    p = param_bytes(cfg.precision.name)
+    return s * cfg.train.micro_batch_size * cfg.model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
 
 
 LORA_INPUT = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
@@ -225,8 +201,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
         return activation_bytes(cfg)
     model = cfg.model
     s, b, h, r = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size, cfg.peft.r
-    fp32 = cfg.precision.name == "fp32"
-    e = 4 if fp32 else 2
+    e = param_bytes(cfg.precision.name)
     mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
     kv = h // model.num_heads * model.num_kv_heads
     widths = {"attn_in": h, "attn_out": h, "mlp_in": h, "mlp_mid": model.intermediate_size}
@@ -239,8 +214,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
         layer += sum(e * widths[i] for i in {LORA_INPUT[t] for t in targets})
         first = layer - e * h
     layers = (model.num_layers - 1) * layer + first + e * h
-    logits = s * b * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[32 if fp32 else 16]
-    return s * b * layers + logits
+    return s * b * layers + logits_bytes(cfg, s)
 
 
 def recompute_bytes(cfg: RunConfig) -> float:
@@ -248,10 +222,9 @@ def recompute_bytes(cfg: RunConfig) -> float:
     time (derived, not isolated by a measurement); 0 without it."""
     if not cfg.train.gradient_checkpointing:
         return 0.0
-    e = 4 if cfg.precision.name == "fp32" else 2
     s, b = rank_sequence(cfg), cfg.train.micro_batch_size
-    return float(e * s * b * layer_activation_elements(cfg.model, cfg.parallel.tp,
-                                                       cfg.parallel.sp))
+    return float(param_bytes(cfg.precision.name) * s * b
+                 * layer_activation_elements(cfg.model, cfg.parallel.tp, cfg.parallel.sp))
 
 
 def framework_buffer_bytes(preset: GpuPreset) -> int:

@@ -1,12 +1,7 @@
-"""Predicted peak live tensor bytes per rank: the max over the moments of a run, per strategy.
-
-The figures are what launcher/rank/memtrace.py measures (docs/memory-notes.md): on the cpu
-preset every tensor of the rank (device and host are one memory), on GPU presets the CUDA
-allocator's max_memory_allocated (host-side offloaded states are reported apart). The
-framework allowance (CUDA context, runtime) is not tensor bytes and is added elsewhere
-(launcher/estimator/estimate.py). A peak is a max over moments, not a sum; each engine owns its
-moments (launcher/engines/*, in the terms of launcher/estimator/peak_terms.py).
-Pure arithmetic: no torch, transformers or deepspeed import.
+"""Predicted peak live tensor bytes per rank: the max over the moments of a run (each
+engine's own, launcher/engines/*), as launcher/rank/memtrace.py measures it: on the cpu
+preset every tensor of the rank, on GPU presets the CUDA allocator's (host-side states
+apart). The framework allowance is added by estimate.py. Pure arithmetic.
 """
 
 from __future__ import annotations
@@ -16,11 +11,7 @@ from dataclasses import dataclass, replace
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
-from launcher.engines.deepspeed.ds_config import (
-    STAGE3_MAX_LIVE_PARAMETERS,
-    SUB_GROUP_SIZE,
-    bucket_elements,
-)
+from launcher.engines.deepspeed.ds_config import STAGE3_MAX_LIVE_PARAMETERS, bucket_elements
 from launcher.estimator.flops import (
     adapter_params,
     count_params,
@@ -49,24 +40,15 @@ runs only: their merged save peaks above every training step (measured); full
 fine-tuning's stays below its other moments (docs/memory-notes.md section 2)."""
 
 
-# ---------------------------------------------------------------- LoRA (frozen base)
-
-
-def lora_moments(x: PeakInputs, lo: LoraInputs, strategy: StrategyConfig) -> dict[str, Split]:
-    """The moments of a LoRA run under `strategy`, first_step included."""
-    return engine_of(strategy).lora_moments(x, lo, strategy)
-
-
 def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
     """LoraInputs from cfg: adapter count and shapes, the engine's byte widths."""
     model, r = cfg.model, cfg.peft.r
     p = param_bytes(cfg.precision.name)
     deepspeed = engine_of(strategy).separate_master_weights
     base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
-    widest = max((max(i, o) for t, (i, o) in linear_shapes(model).items()
-                  if t in lora_targets(cfg)), default=0)
-    largest = max((i * o for t, (i, o) in linear_shapes(model).items()
-                   if t in lora_targets(cfg)), default=0)
+    shapes = [shape for t, shape in linear_shapes(model).items() if t in lora_targets(cfg)]
+    widest = max((max(shape) for shape in shapes), default=0)
+    largest = max((i * o for i, o in shapes), default=0)
     adapters = adapter_params(cfg)
     return LoraInputs(
         adapters=adapters, largest_adapter=r * widest,
@@ -76,16 +58,9 @@ def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
     )
 
 
-# ---------------------------------------------------------------- from a run's config
-
-
 @dataclass(frozen=True)
 class PeakPrediction:
-    """Per-rank predicted live tensor bytes: every moment, and their max."""
-
     moments: dict[str, float]
-    """Moment -> bytes, the quantity the run measures (cpu preset: device + host tensors;
-    GPU presets: device allocator only)."""
     host_bytes: float
     """Largest host-side (offloaded) tensor bytes per rank on GPU presets; 0 on cpu, where
     the moments count them already."""
@@ -97,13 +72,11 @@ class PeakPrediction:
         return max(self.moments[m] for m in TRAINING_MOMENTS)
 
     @property
-    def peak_bytes(self) -> float:
-        """The run's peak on rank 0 (which saves the gathered checkpoint)."""
+    def peak_bytes(self) -> float:  # rank 0's: it saves the gathered checkpoint
         return max(self.moments.values())
 
     @property
     def construction_above_training(self) -> bool:
-        """Building and wrapping the model peaks above every step and the save."""
         return self.moments["construction"] > max(
             self.steady_bytes, self.moments["checkpoint"])
 
@@ -130,31 +103,22 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
         layer_psi=layer_linear_params(model) // tp + 2 * h,
         largest_tensor=max(v * h, h * i // tp, h * h // tp),
         acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
-        autocast_acts=autocast_activation_bytes(cfg),
+        autocast_acts=0.0 if cfg.precision.name == "fp32" else (  # 12h bytes/token and layer
+            12.0 * h * (rank_sequence(cfg) * cfg.train.micro_batch_size) * model.num_layers),
         # GPU presets run a fused Adam (DeepSpeed FusedAdam/CPUAdam, torch fused); the cpu
         # preset the Trainer's torch AdamW, single-tensor on CPU
         fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
         bucket=bucket,
         max_live=STAGE3_MAX_LIVE_PARAMETERS + int(0.9 * bucket),
-        sub_group=SUB_GROUP_SIZE,
         gather_on_save=strategy.gather_weights_on_save or tp > 1,
         reshard_after_forward=strategy.fsdp_reshard_after_forward,
     )
 
 
-def autocast_activation_bytes(cfg: RunConfig) -> float:
-    """PeakInputs.autocast_acts: 12h bytes per token and layer in 16-bit runs, else 0."""
-    if cfg.precision.name == "fp32":
-        return 0.0
-    tokens = rank_sequence(cfg) * cfg.train.micro_batch_size
-    return 12.0 * cfg.model.hidden_size * tokens * cfg.model.num_layers
-
-
 def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
-    """Per-rank peak of cfg's run under `strategy`. LoRA: its own moments (a frozen
-    base, launcher/estimator/peak.py's lora_* functions, measured). QLoRA is not measured (it
-    needs a pretrained checkpoint and bitsandbytes' 4-bit kernels): its one moment is the
-    model-state accounting plus activations (launcher/estimator/memory.py)."""
+    """Per-rank peak of cfg's run under `strategy`. LoRA: the engine's lora_moments (a
+    frozen base, measured). QLoRA is not measured (it needs a pretrained checkpoint and
+    bitsandbytes' 4-bit kernels): its one moment is model states plus activations."""
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     if cfg.peft.name == "qlora":
         total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
@@ -162,7 +126,7 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     x = peak_inputs(cfg, strategy)
     if cfg.peft.name == "lora":
         x = replace(x, acts=lora_activation_bytes(cfg))
-        moments = lora_moments(x, lora_inputs(cfg, strategy), strategy)
+        moments = engine_of(strategy).lora_moments(x, lora_inputs(cfg, strategy), strategy)
     else:
         moments = strategy_moments(x, strategy)
     if cfg.parallel.tp > 1:  # rank 0 gathers the whole model's 16-bit weights to save them

@@ -1,8 +1,5 @@
-"""The terms every engine's peak-memory moments are written in (launcher/engines/*).
-
-A moment is what one rank holds at one point of a run, as (device, host) bytes: between
-steps, forward/backward, the optimizer step, the checkpoint save (rank 0 and the other
-ranks), construction (model build and engine wrapping). Every formula was measured on 2
+"""The terms every engine's peak-memory moments (launcher/engines/*) are written in: what
+one rank holds at one point of a run, as (device, host) bytes. Every formula was measured on 2
 CPU ranks in fp32 (102M Llama, docs/memory-notes.md sections 3-5) unless its comment says
 "derived": 16-bit figures and the GPU/host split of offloaded states follow the engines'
 code paths.
@@ -45,7 +42,6 @@ class PeakInputs:
     """ZeRO reduce bucket, elements."""
     max_live: int
     """ZeRO-3: stage3_max_live_parameters + stage3_prefetch_bucket_size, elements."""
-    sub_group: int
     gather_on_save: bool
     reshard_after_forward: bool = True
 
@@ -92,12 +88,6 @@ class LoraInputs:
         """The model's bytes: frozen base + adapters."""
         return self.base_bytes * psi + self.adapter_bytes * self.adapters
 
-    def merged(self, psi: int) -> float:
-        """Rank 0's final save from the live model (DDP): a clone of every base weight,
-        merged into. A gathered state dict (ZeRO, FSDP) is merged in place: only the
-        merge_temporaries (launcher/checkpoints.merge_lora_state_dict)."""
-        return self.base_bytes * psi + self.merge_temporaries
-
 
 def shifted(moments: dict[str, Split], device: float) -> dict[str, Split]:
     """Every moment plus `device` bytes (the frozen base, held throughout)."""
@@ -112,17 +102,17 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
                    autocast_acts=0.0)
 
 
-def first_step(moments: dict[str, Split], adam: Split) -> Split:
-    """The first step's peak: Adam's states appear only inside its optimizer step, so its
-    forward/backward holds everything but them (measured: fsdp's first step 834.9M =
-    its optimizer moment, below the steady backward's 991.2M)."""
-    d, h = moments["forward_backward"]
-    return larger(moments["optimizer_step"], (d - adam[0], h - adam[1]))
-
-
 def with_first_step(moments: dict[str, Split], adam_bytes: float,
                     offloaded: bool) -> dict[str, Split]:
     """`moments` and the first step's, from Adam's bytes per rank (on the host when
-    `offloaded`)."""
-    adam: Split = (0.0, adam_bytes) if offloaded else (adam_bytes, 0.0)
-    return {**moments, "first_step": first_step(moments, adam)}
+    `offloaded`): Adam's states appear only inside its optimizer step, so its
+    forward/backward holds everything but them (measured: fsdp's first step 834.9M = its
+    optimizer moment, below the steady backward's 991.2M)."""
+    d, h = moments["forward_backward"]
+    without_adam = (d, h - adam_bytes) if offloaded else (d - adam_bytes, h)
+    return {**moments, "first_step": larger(moments["optimizer_step"], without_adam)}
+
+
+def placed(offload: bool, device: float, host: float) -> Split:
+    """FSDP's states: on the host under CPUOffloadPolicy, else on the device with the rest."""
+    return (device, host) if offload else (device + host, 0.0)

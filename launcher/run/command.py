@@ -1,10 +1,7 @@
-"""Pure launch-command builders: RunConfig + run dir -> (argv, env, hostfile text).
+"""Pure launch-command builders: RunConfig + run dir -> (argv, env, hostfile text): which
+launcher starts `python -m launcher.rank.worker RUN_DIR` on every rank, with which flags.
 
-Every rank runs `python -m launcher.rank.worker RUN_DIR`; this module only decides which launcher
-starts those ranks and with which flags. No I/O and no torch/deepspeed import, so `ftl plan`
-and `ftl submit --dry-run` stay fast.
-
-Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
+Forms (dispatch on cluster.launcher, cluster.nodes and cluster.scheduler):
 
 | launcher  | nodes | form                                                         | per_node |
 |-----------|-------|--------------------------------------------------------------|----------|
@@ -14,12 +11,9 @@ Forms (dispatch on cluster.launcher, cluster.nodes and cluster.name):
 | deepspeed | >1    | a scheduler (or node_rank given): `--no_ssh --node_rank R`   | yes      |
 | deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
 
-Per-node forms are started once on every node. Where the head node or the node rank is
-not known when the command is built (a Slurm job learns them at run time), the argv holds
-the shell placeholders `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}`, `Launch.shell_vars` names
-them, and `render_command` leaves exactly those for the shell to expand while quoting
-everything else. So the per-node shell (e.g. the Slurm task) must export both variables;
-callers that know the values pass `head_node=` / `node_rank=` and get plain literals.
+Per-node forms are started once on every node; a head node or node rank not known yet (a
+Slurm job learns them at run time) is a `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholder
+that the per-node shell must export (`Launch.shell_vars`, kept unquoted by `render_command`).
 
 Per-rank logs land in RUN_DIR/logs (layouts measured with torch 2.13 / deepspeed 0.19.8):
 - torchrun: `logs/<rdzv id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log`,
@@ -71,46 +65,29 @@ def build_launch(
     hosts: Sequence[str] | None = None,
 ) -> Launch:
     """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank.
-
-    head_node / node_rank: literal values when known; omitted, per-node forms use the
-    `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholders. hostfile_path: where the caller
-    writes `Launch.hostfile` (default RUN_DIR/hostfile). hosts: real host names for a
-    generated hostfile (deepspeed multi-node).
-    """
-    cluster = cfg.cluster
-    if cluster.launcher == "torchrun":
-        if cluster.nodes == 1:
-            return _torchrun_single(cfg, run_dir)
-        return _torchrun_multi(cfg, run_dir, head_node, node_rank)
-    if cluster.launcher == "deepspeed":
-        if cluster.nodes == 1:
-            return _deepspeed_single(cfg, run_dir)
+    head_node / node_rank: literal values when known (else placeholders); hostfile_path:
+    where the caller writes `Launch.hostfile` (default RUN_DIR/hostfile); hosts: real host
+    names for a generated hostfile (deepspeed multi-node)."""
+    if cfg.cluster.launcher == "torchrun":
+        return _torchrun(cfg, run_dir, head_node, node_rank)
+    if cfg.cluster.launcher == "deepspeed":
         hostfile_path = hostfile_path or posixpath.join(run_dir, HOSTFILE)
-        if cluster.scheduler != NO_SCHEDULER or node_rank is not None:
-            return _deepspeed_no_ssh(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
-        return _deepspeed_ssh(cfg, run_dir, head_node, hostfile_path, hosts)
-    raise ValueError(f"cluster.launcher={cluster.launcher}: rules.py admits no such launcher")
+        return _deepspeed(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
+    raise ValueError(f"cluster.launcher={cfg.cluster.launcher}: rules.py admits no such launcher")
 
 
-def _torchrun_single(cfg: RunConfig, run_dir: str) -> Launch:
-    # --standalone picks a free port itself, so two local runs never collide on master_port.
-    argv = [
-        "torchrun", "--standalone", "--nnodes", "1",
-        "--nproc_per_node", str(cfg.cluster.gpus_per_node),
-        *_torchrun_logs(posixpath.join(run_dir, LOGS)),
-        *_program("--module", run_dir),
-    ]
-    return Launch(argv=argv, env=launch_env(cfg))
-
-
-def _torchrun_multi(
-    cfg: RunConfig, run_dir: str, head_node: str | None, node_rank: str | None
-) -> Launch:
-    head, rank, shell_vars = _per_node_values(head_node, node_rank)
+def _torchrun(cfg: RunConfig, run_dir: str, head_node: str | None,
+              node_rank: str | None) -> Launch:
     cluster = cfg.cluster
+    count = ["--nproc_per_node", str(cluster.gpus_per_node)]
+    if cluster.nodes == 1:
+        # --standalone picks a free port itself, so two local runs never collide on master_port.
+        argv = ["torchrun", "--standalone", "--nnodes", "1", *count,
+                *_torchrun_logs(posixpath.join(run_dir, LOGS)), *_program(run_dir)]
+        return Launch(argv=argv, env=launch_env(cfg))
+    head, rank, shell_vars = _per_node_values(head_node, node_rank)
     argv = [
-        "torchrun", "--nnodes", str(cluster.nodes),
-        "--nproc_per_node", str(cluster.gpus_per_node),
+        "torchrun", "--nnodes", str(cluster.nodes), *count,
         "--rdzv_backend", "c10d",
         "--rdzv_endpoint", f"{head}:{cluster.master_port}",
         # Same run dir -> same id, so a requeued job's nodes meet in the same rendezvous.
@@ -119,7 +96,7 @@ def _torchrun_multi(
         # default: 600 s), the same bound the ranks' own join has (rank/startup.py).
         "--rdzv_conf", f"join_timeout={int(math.ceil(cluster.startup_timeout_s))}",
         *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{rank}")),
-        *_program("--module", run_dir),
+        *_program(run_dir),
     ]
     return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=shell_vars)
 
@@ -129,81 +106,43 @@ def _torchrun_logs(log_dir: str) -> list[str]:
     return ["--log_dir", log_dir, "--redirects", "3", "--tee", "0:3"]
 
 
-def _deepspeed_single(cfg: RunConfig, run_dir: str) -> Launch:
-    # --num_gpus always: on gpu=cpu the CPU accelerator reports one device.
-    argv = [
-        "deepspeed", "--num_gpus", str(cfg.cluster.gpus_per_node),
-        "--master_port", str(cfg.cluster.master_port),
-        *_deepspeed_common(run_dir),
-    ]
-    return Launch(argv=argv, env=launch_env(cfg))
-
-
-def _deepspeed_no_ssh(
-    cfg: RunConfig,
-    run_dir: str,
-    head_node: str | None,
-    node_rank: str | None,
-    hostfile_path: str,
-    hosts: Sequence[str] | None,
-) -> Launch:
-    """One `deepspeed --no_ssh` per node (Slurm starts one task per node)."""
-    head, rank, shell_vars = _per_node_values(head_node, node_rank)
+def _deepspeed(cfg: RunConfig, run_dir: str, head_node: str | None, node_rank: str | None,
+               hostfile_path: str, hosts: Sequence[str] | None) -> Launch:
+    """One node: `--num_gpus` (always: on gpu=cpu the CPU accelerator reports one device).
+    Several: one `deepspeed --no_ssh` per node under a scheduler (Slurm starts one task
+    per node), else one here that starts every node over pdsh/ssh."""
     cluster = cfg.cluster
-    argv = [
-        "deepspeed", "--hostfile", hostfile_path, "--no_ssh", "--node_rank", rank,
-        "--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node),
-        "--master_addr", head, "--master_port", str(cluster.master_port),
-        *_deepspeed_common(run_dir),
-    ]
-    # With --no_ssh deepspeed only counts the hostfile's lines (node_rank picks one) and never
-    # connects to the names, so placeholders are enough when the real hosts are not known.
-    names = list(hosts) if hosts else [f"node{index}" for index in range(cluster.nodes)]
-    return Launch(
-        argv=argv,
-        env=launch_env(cfg),
-        hostfile=hostfile_text(names, cluster.gpus_per_node),
-        per_node=True,
-        shell_vars=shell_vars,
-    )
-
-
-def _deepspeed_ssh(
-    cfg: RunConfig,
-    run_dir: str,
-    head_node: str | None,
-    hostfile_path: str,
-    hosts: Sequence[str] | None,
-) -> Launch:
-    """One `deepspeed` on this machine that starts every node over pdsh/ssh."""
-    cluster = cfg.cluster
-    hostfile: str | None = None
-    if cluster.hostfile:
-        hostfile_path = cluster.hostfile  # the user's own file: referenced, not rewritten
-    elif hosts:
-        hostfile = hostfile_text(list(hosts), cluster.gpus_per_node)
+    launch, nodes = Launch(argv=[], env=launch_env(cfg)), []
+    if cluster.nodes > 1 and (cluster.scheduler != NO_SCHEDULER or node_rank is not None):
+        head_node, rank, shell_vars = _per_node_values(head_node, node_rank)
+        # With --no_ssh deepspeed only counts the hostfile's lines (node_rank picks one) and
+        # never connects to the names, so placeholders are enough when the real hosts are not
+        # known.
+        names = list(hosts) if hosts else [f"node{index}" for index in range(cluster.nodes)]
+        launch = replace(launch, hostfile=hostfile_text(names, cluster.gpus_per_node),
+                         per_node=True, shell_vars=shell_vars)
+        nodes = ["--hostfile", hostfile_path, "--no_ssh", "--node_rank", rank]
+    elif cluster.nodes > 1:
+        if cluster.hostfile:
+            hostfile_path = cluster.hostfile  # the user's own file: referenced, not rewritten
+        elif hosts:
+            launch = replace(launch, hostfile=hostfile_text(list(hosts), cluster.gpus_per_node))
+        else:
+            raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
+                             "(rules.py checks it)")
+        head_node = head_node or (hosts[0] if hosts else None)
+        nodes = ["--hostfile", hostfile_path]
     else:
-        raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
-                         "(rules.py checks it)")
-    head = head_node or (hosts[0] if hosts else None)
-    # Without --master_addr deepspeed asks the first host for `hostname -I` over ssh.
-    master_addr = ["--master_addr", head] if head else []
-    argv = [
-        "deepspeed", "--hostfile", hostfile_path,
-        "--num_nodes", str(cluster.nodes), "--num_gpus", str(cluster.gpus_per_node),
-        *master_addr, "--master_port", str(cluster.master_port),
-        *_deepspeed_common(run_dir),
-    ]
-    return Launch(argv=argv, env=launch_env(cfg), hostfile=hostfile)
-
-
-def _deepspeed_common(run_dir: str) -> list[str]:
-    # --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
-    return [
-        "--no_local_rank",
-        "--enable_each_rank_log", posixpath.join(run_dir, LOGS),
-        *_program("--module", run_dir),
-    ]
+        head_node = None
+    if nodes:
+        nodes += ["--num_nodes", str(cluster.nodes)]
+    # Without --master_addr a multi-node deepspeed asks the first host for `hostname -I` over
+    # ssh. --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
+    master_addr = ["--master_addr", head_node] if head_node else []
+    argv = ["deepspeed", *nodes, "--num_gpus", str(cluster.gpus_per_node), *master_addr,
+            "--master_port", str(cluster.master_port), "--no_local_rank",
+            "--enable_each_rank_log", posixpath.join(run_dir, LOGS), *_program(run_dir)]
+    return replace(launch, argv=argv)
 
 
 def with_module(launch: Launch, module: str) -> Launch:
@@ -213,22 +152,18 @@ def with_module(launch: Launch, module: str) -> Launch:
     return replace(launch, argv=argv)
 
 
-def _program(module_flag: str, run_dir: str) -> list[str]:
-    return [module_flag, WORKER_MODULE, run_dir]
+def _program(run_dir: str) -> list[str]:
+    return ["--module", WORKER_MODULE, run_dir]
 
 
 def _per_node_values(
     head_node: str | None, node_rank: str | None
 ) -> tuple[str, str, tuple[str, ...]]:
     """Literal head/rank when given, else the shell placeholders the node's shell sets."""
-    shell_vars: list[str] = []
-    if head_node is None:
-        head_node = "${" + HEAD_NODE_VAR + "}"
-        shell_vars.append(HEAD_NODE_VAR)
-    if node_rank is None:
-        node_rank = "${" + NODE_RANK_VAR + "}"
-        shell_vars.append(NODE_RANK_VAR)
-    return head_node, node_rank, tuple(shell_vars)
+    given = {HEAD_NODE_VAR: head_node, NODE_RANK_VAR: node_rank}
+    values = {name: "${" + name + "}" if value is None else value for name, value in given.items()}
+    shell_vars = tuple(name for name, value in given.items() if value is None)
+    return values[HEAD_NODE_VAR], values[NODE_RANK_VAR], shell_vars
 
 
 def launch_env(cfg: RunConfig) -> dict[str, str]:

@@ -1,15 +1,7 @@
 """Where each rank of a hung run was, one line per rank, from RUN_DIR/hang/ (the ranks'
-watchdogs, launcher/rank/watchdog.py): `ftl train` prints it when the run ends that way,
-`ftl status` whenever the run dir has one.
-
-Each rank's line comes from the stack of its main thread in the faulthandler dump,
-innermost frame first: the innermost frame outside the stack itself (torch,
-transformers, accelerate, deepspeed, this launcher, the standard library) is the user's
-code that holds the rank, e.g. `rank 1 on node3: in MyCallback.on_step_end
-(my/callbacks.py:40) at step 3`; else the innermost torch.distributed collective, with
-the frame that called it (`rank 0 on node1: waiting in all_reduce (called from
-launcher/rank/preempt.py:150) at step 3`); else the innermost frame. Parsing is pure; the
-qualified name (Class.method) is read from the source file when it is readable here.
+watchdogs, launcher/rank/watchdog.py), for `ftl train` and `ftl status`: e.g. `rank 1 on
+node3: in MyCallback.on_step_end (my/callbacks.py:40) at step 3` or `rank 0 on node1:
+waiting in all_reduce (called from launcher/rank/preempt.py:150) at step 3` (`where`).
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ from pathlib import Path
 
 from launcher.rundir import HUNG_EXIT, HangRecord, RunDir
 
-FRAMEWORKS = frozenset({"torch", "transformers", "accelerate", "deepspeed", "launcher"})
+MACHINERY = frozenset({"torch", "transformers", "accelerate", "deepspeed", "launcher", "stdlib"})
 """Top-level packages whose frames are the machinery, not where the user's rank is."""
 LAUNCHER_DIR = Path(__file__).resolve().parents[1]
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -77,16 +69,12 @@ def _is_launcher(parts: tuple[str, ...]) -> bool:
     return index + 1 < len(parts) and (LAUNCHER_DIR / parts[index + 1]).exists()
 
 
-def is_machinery(frame: Frame) -> bool:
-    return package_of(frame.path) in FRAMEWORKS | {"stdlib"}
-
-
 def where(frames: list[Frame]) -> str:
     """The main thread's frames (innermost first) -> `in Class.method (path:line)` or
     `waiting in all_reduce (called from path:line)`."""
     if not frames:
         return "no stack of its main thread in the dump"
-    user = next((f for f in frames if not is_machinery(f)), None)
+    user = next((f for f in frames if package_of(f.path) not in MACHINERY), None)
     if user is not None:
         return f"in {qualified_name(user)} ({display_path(user.path)}:{user.line})"
     for index, frame in enumerate(frames):
@@ -112,39 +100,35 @@ def display_path(path: str) -> str:
         return path
 
 
+@functools.lru_cache(maxsize=256)
 def qualified_name(frame: Frame) -> str:
     """Class.method for a frame whose source is readable here; else the bare name
     faulthandler gives."""
-    return _qualified(frame.path, frame.line, frame.function)
-
-
-@functools.lru_cache(maxsize=256)
-def _qualified(path: str, line: int, function: str) -> str:
     try:
-        tree = ast.parse(Path(path).read_text())
+        scope: ast.AST = ast.parse(Path(frame.path).read_text())
     except (OSError, SyntaxError, ValueError):
-        return function
-    best: list[str] = []
-
-    def visit(node: ast.AST, names: list[str]) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                inside = child.lineno <= line <= (child.end_lineno or child.lineno)
-                if inside:
-                    if child.name == function and not isinstance(child, ast.ClassDef):
-                        best = [*names, child.name]
-                    visit(child, [*names, child.name])
-
-    visit(tree, [])
-    return ".".join(best) if best else function
+        return frame.function
+    names: list[str] = []
+    best = frame.function
+    while True:  # down through the classes and functions whose lines hold the frame's
+        inner = [c for c in ast.iter_child_nodes(scope)
+                 if isinstance(c, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                 and c.lineno <= frame.line <= (c.end_lineno or c.lineno)]
+        if not inner:
+            return best
+        scope = inner[0]
+        names.append(inner[0].name)
+        if inner[0].name == frame.function and not isinstance(inner[0], ast.ClassDef):
+            best = ".".join(names)
 
 
-def rank_line(record: HangRecord, stacks: str | None) -> str:
-    if stacks is None:
+def rank_line(record: HangRecord, stacks: Path) -> str:
+    try:
+        threads = parse_threads(stacks.read_text(errors="replace"))
+    except OSError:
         place = "its stack file is missing"
     else:
-        place = where(parse_threads(stacks).get(record.main_thread, []))
+        place = where(threads.get(record.main_thread, []))
     return f"rank {record.rank} on {record.host}: {place} at step {record.step}"
 
 
@@ -158,17 +142,10 @@ def hang_lines(run_dir: RunDir, world_size: int | None = None) -> list[str]:
     lines = [f"hung: no progress within {first.bound_s:g} s after step {first.step} "
              f"(hang watchdog, exit {HUNG_EXIT}); every thread's stack: {run_dir.hang}"]
     for record in records:
-        lines.append("  " + rank_line(record, _read(run_dir.hang_stacks(record.rank))))
+        lines.append("  " + rank_line(record, run_dir.hang_stacks(record.rank)))
     missing = sorted(set(range(world_size or 0)) - {r.rank for r in records})
     for rank in missing:
         lines.append(f"  rank {rank}: no hang record (ended before its watchdog ran out, or "
                      "its node is gone)")
     return lines
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from launcher import rundir
 from launcher.config.schema import RunConfig
 from launcher.config.validate import Checked
 from launcher.engines import engine_of
+from launcher.estimator.flops import flops_per_token, peak_flops_per_device
 from launcher.run.command import Launch, build_launch, render_argv, render_command
 from launcher.rundir.records import PlanRecord
 
@@ -36,40 +37,30 @@ class Plan:
 
 def make_plan(checked: Checked) -> Plan:
     """What validation produced, turned into the strategy's settings and the cost figures."""
-    from launcher.estimator.flops import flops_per_token, peak_flops_per_device
-
     cfg = checked.cfg
-    plan = Plan(
+    engine = engine_of(cfg.strategy)
+    return Plan(
         cfg=cfg,
         strategy_reasons=checked.strategy_reasons,
         estimate=_chosen_estimate(checked),
+        settings=engine.settings(cfg),
+        settings_file=engine.settings_file,
         resume_from=checked.resume_from,
         data_dir=checked.data_dir,
         flops_per_token=flops_per_token(cfg),
         peak_flops_per_device=peak_flops_per_device(cfg),
     )
-    engine = engine_of(cfg.strategy)
-    plan.settings, plan.settings_file = engine.settings(cfg), engine.settings_file
-    return plan
 
 
 def _chosen_estimate(checked: Checked) -> dict[str, Any] | None:
-    from dataclasses import asdict
-
     est = checked.estimate
     row = est.row(checked.cfg.strategy.name) if est is not None else None
-    if est is None or row is None:
-        return None
-    return {**asdict(row), "params": est.params, "flops": est.flops}
+    return None if est is None or row is None else {
+        **asdict(row), "params": est.params, "flops": est.flops}
 
 
 def plan_launch(plan: Plan, run_dir: Path) -> Launch:
-    hostfile = str(run_dir / rundir.HOSTFILE) if _needs_hostfile(plan.cfg) else None
-    return build_launch(plan.cfg, str(run_dir), hostfile_path=hostfile)
-
-
-def _needs_hostfile(cfg: RunConfig) -> bool:
-    return cfg.cluster.launcher == "deepspeed" and cfg.cluster.nodes > 1
+    return build_launch(plan.cfg, str(run_dir))
 
 
 def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:
@@ -125,12 +116,11 @@ def resolve_tool(argv: list[str]) -> list[str]:
 def launch_script(launch: Launch, overrides: list[str]) -> str:
     """launch.sh: the exact command, runnable by hand from any directory."""
     argv = resolve_tool(launch.argv)
-    needs = [f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars]
     lines = [
         "#!/usr/bin/env bash",
         f"# written by: ftl {shlex.join(overrides)}".rstrip(),
         "set -euo pipefail",
-        *needs,
+        *(f': "${{{name}:?set {name} on each node}}"' for name in launch.shell_vars),
         *(f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()),
         f"exec {render_argv(argv, launch.shell_vars)} \"$@\"",
     ]

@@ -1,5 +1,6 @@
 """`ftl report RUN_DIR`: a PNG of loss, learning rate and tokens/s, and a summary that puts
-the plan's estimate beside what the run measured. Reads only the run dir."""
+the plan's estimate beside what the run measured (memory: predicted / measured peak live
+tensor bytes per phase and rank). Reads only the run dir."""
 
 from __future__ import annotations
 
@@ -7,19 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DataError
-from launcher.estimator.memory_report import memory_table
+from launcher.estimator.memory import GIB
+from launcher.estimator.peak import RANK0_MOMENTS, other_ranks_peak
 from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
-
-GIB = 1024**3
-
-
-def load_history(run_dir: Path) -> list[MetricsEvent]:
-    if not RunDir(run_dir).metrics.is_file():
-        raise DataError(
-            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
-            "training (outputs/<run.name>/<timestamp>)."
-        )
-    return RunDir(run_dir).read_metrics()
 
 
 def series(history: list[MetricsEvent], key: str) -> tuple[list[float], list[float]]:
@@ -83,13 +74,73 @@ def _memory_lines(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[st
     table = memory_table(estimate, ranks)
     if table:
         return table
-    lines = []
-    if estimate.get("gpu_bytes"):
-        lines.append(f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB")
+    lines = ([f"estimated memory per device: {estimate['gpu_bytes'] / GIB:.3f} GiB"]
+             if estimate.get("gpu_bytes") else [])
+    return lines + [f"measured peak memory, rank {rank.rank}: "
+                    f"{rank.peak_memory_mib / 1024:.3f} GiB" for rank in ranks]
+
+
+def predicted_for(estimate: dict[str, Any], phase: str, rank: int) -> float | None:
+    """The predicted peak of memtrace's `phase` on `rank`: its moment of
+    launcher/estimator/peak.py (the model build and the engine wrapping: construction), or
+    None when the plan has none (startup, eval; final outside LoRA runs)."""
+    if phase == "steady":
+        return estimate.get("steady_bytes")
+    moment = "construction" if phase in ("model", "engine") else phase
+    if moment in RANK0_MOMENTS and rank > 0:
+        moment = f"{moment}_other_ranks"
+    return (estimate.get("moments") or {}).get(moment)
+
+
+def _cell(predicted: float | None, measured: int | None) -> str:
+    pred = "-" if predicted is None else f"{predicted / GIB:.3f}"
+    meas = "-" if measured is None else f"{measured / GIB:.3f}"
+    return f"{pred} / {meas}"
+
+
+def _ordered_phases(ranks: list[RankMetrics]) -> list[str]:
+    """Every phase any rank recorded, in the order the first rank that has it wrote them."""
+    seen: list[str] = []
     for rank in ranks:
-        lines.append(f"measured peak memory, rank {rank.rank}: "
-                     f"{rank.peak_memory_mib / 1024:.3f} GiB")
+        for name in (rank.memory or {}).get("phases", {}):
+            if name not in seen:
+                seen.append(name)
+    return seen
+
+
+def memory_table(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
+    """Lines: one row per phase, one `predicted / measured` GiB column per rank, then the
+    whole run's peak with measured/predicted, and the peak RSS beside it."""
+    records = [r for r in ranks if r.memory]
+    if not records or not estimate.get("moments"):
+        return []
+    width = 21
+    lines = ["memory per rank, live tensor GiB (predicted / measured):",
+             "  " + f"{'phase':<12}" + "".join(f"{'rank ' + str(r.rank):>{width}}"
+                                               for r in records)]
+    for phase in _ordered_phases(records):
+        cells = []
+        for record in records:
+            measured = record.memory["phases"].get(phase, {}).get("peak_bytes")
+            cells.append(_cell(predicted_for(estimate, phase, record.rank), measured))
+        lines.append("  " + f"{phase:<12}" + "".join(f"{c:>{width}}" for c in cells))
+    lines.append("  " + f"{'run peak':<12}" + "".join(
+        f"{_cell(_rank_peak(estimate, r.rank), r.memory.get('peak_bytes')):>{width}}"
+        for r in records))
+    lines.append("  " + f"{'RSS peak':<12}" + "".join(
+        f"{_cell(None, r.memory.get('rss_peak_bytes')):>{width}}" for r in records))
+    if estimate.get("construction_above_training"):
+        lines.append("  predicted: model construction peaks above training")
     return lines
+
+
+def _rank_peak(estimate: dict[str, Any], rank: int) -> float | None:
+    """Rank 0 saves the gathered checkpoint (and LoRA's merged model); the other ranks'
+    peak leaves those out."""
+    moments = estimate.get("moments") or {}
+    if rank == 0 or "checkpoint_other_ranks" not in moments:
+        return estimate.get("peak_bytes")
+    return other_ranks_peak(moments)
 
 
 def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
@@ -99,8 +150,13 @@ def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
         return []
     lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
     tokens = final[-1].get("num_input_tokens_seen")
-    seconds = _estimated_seconds(run_dir, tokens) if tokens else None
-    if seconds is not None:
+    config = RunDir(run_dir).config
+    if tokens and config.is_file():  # the estimator's time for them, as `ftl estimate`'s
+        from launcher.config.compose import load_run_config
+        from launcher.estimator.flops import run_flops, run_seconds
+
+        cfg = load_run_config(config)
+        seconds = run_seconds(cfg, run_flops(cfg, tokens))
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
     return lines
 
@@ -119,9 +175,8 @@ def straggler_lines(history: list[MetricsEvent]) -> list[str]:
         return ["per-rank busy time: not measured (no rank's backward reached the gradient "
                 "of its first trainable parameter)"]
     ranks, steps = len(measured[0][0]), sum(n for _, n in measured)
-    means = _per_step(measured)
+    means, slowest, fastest = _per_step(measured)
     waited = [sum((max(row) - row[r]) * n for row, n in measured) for r in range(ranks)]
-    slowest, fastest = _extremes(means)
     lines = [f"slowest rank: {slowest}, busy {means[slowest]:.3f} s/step (fastest: rank "
              f"{fastest}, {means[fastest]:.3f} s/step; busy = step begin to the end of the "
              f"rank's own backward, {steps} steps)"]
@@ -134,42 +189,32 @@ def straggler_lines(history: list[MetricsEvent]) -> list[str]:
     forward = [(v["rank_forward_s"], int(v.get("busy_steps", 1))) for v in rows
                if v.get("rank_forward_s") and None not in v["rank_forward_s"]]
     if forward and ranks > 1:
-        f_means = _per_step(forward)
-        f_slow, f_fast = _extremes(f_means)
+        f_means, f_slow, f_fast = _per_step(forward)
         lines.append(f"forward: slowest rank {f_slow}, {f_means[f_slow]:.3f} s/step (fastest: "
                      f"rank {f_fast}, {f_means[f_fast]:.3f}; no collective in it under DDP "
                      "and ZeRO-1/2)")
     return lines
 
 
-def _per_step(rows: list[tuple[list[float], int]]) -> list[float]:
-    """Each rank's mean over logged intervals of per-step means, weighted by steps."""
+def _per_step(rows: list[tuple[list[float], int]]) -> tuple[list[float], int, int]:
+    """Each rank's mean over logged intervals of per-step means, weighted by steps; the
+    ranks with the largest and the smallest."""
     steps = sum(n for _, n in rows)
-    return [sum(row[r] * n for row, n in rows) / steps for r in range(len(rows[0][0]))]
-
-
-def _extremes(values: list[float]) -> tuple[int, int]:
-    """(index of the largest, index of the smallest)."""
-    return max(range(len(values)), key=values.__getitem__), min(range(len(values)),
-                                                                key=values.__getitem__)
-
-
-def _estimated_seconds(run_dir: Path, tokens: int) -> float | None:
-    """The estimator's time for the tokens the run saw (same rules as `ftl estimate`)."""
-    config = RunDir(run_dir).config
-    if not config.is_file():
-        return None
-    from launcher.config.compose import load_run_config
-    from launcher.estimator.flops import run_flops, run_seconds
-
-    cfg = load_run_config(config)
-    return run_seconds(cfg, run_flops(cfg, tokens))
+    ranks = range(len(rows[0][0]))
+    means = [sum(row[r] * n for row, n in rows) / steps for r in ranks]
+    return means, max(ranks, key=means.__getitem__), min(ranks, key=means.__getitem__)
 
 
 def report(run_dir: Path) -> tuple[str, Path]:
     """The summary text and the PNG's path."""
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: not a directory. Fix: pass a run dir from outputs/.")
-    history = load_history(run_dir)
-    png = draw_png(history, RunDir(run_dir).report_png, title=str(run_dir.name))
+    files = RunDir(run_dir)
+    if not files.metrics.is_file():
+        raise DataError(
+            f"{run_dir}: no {METRICS}. Fix: pass the run dir of a run that has started "
+            "training (outputs/<run.name>/<timestamp>)."
+        )
+    history = files.read_metrics()
+    png = draw_png(history, files.report_png, title=str(run_dir.name))
     return summary(run_dir, history), png

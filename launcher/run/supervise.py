@@ -1,18 +1,9 @@
 """`ftl train` watching its launcher: Ctrl-C and SIGTERM stop the ranks at a step boundary.
 
-The launcher (torchrun or deepspeed) runs in a session of its own, so the terminal's Ctrl-C
-and a SIGTERM to `ftl train`'s process group (a scheduler, a container runtime stopping
-its main process) reach `ftl train` only, never a launcher that would kill the ranks
-before they save (torchrun and the deepspeed launcher give their ranks 30 s, then SIGKILL).
-The first SIGINT or SIGTERM touches RUN_DIR/preempt.requested, which the ranks already poll
-(launcher/rank/preempt.py): they agree on a step, save one complete checkpoint, stop, and
-`ftl train` exits STOPPED_EXIT. A second signal kills the launcher and every rank at once
-(ABORTED_EXIT); the last complete checkpoint stays the one to resume from.
-
-If `ftl train` itself dies without a chance to forward anything (kill -9, the OOM killer, a
-closed terminal's SIGHUP), the kernel sends the launcher SIGTERM (PR_SET_PDEATHSIG, Linux):
-it forwards that to the ranks, whose own handlers save at the next step boundary and stop,
-instead of a run training on with nobody watching it.
+The launcher runs in a session of its own, so a terminal's Ctrl-C or a SIGTERM to `ftl
+train`'s process group never reaches a launcher that would kill the ranks before they save
+(torchrun and the deepspeed launcher give them 30 s, then SIGKILL); the protocol:
+docs/design.md, "Stopping (`preempt.py`)".
 """
 
 from __future__ import annotations
@@ -22,8 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -44,19 +34,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 @dataclass
 class Supervised:
     returncode: int
-    stop_signal: str | None
-    """The signal that asked for a stop (None: the run was not asked to stop)."""
     aborted: bool
 
 
+@dataclass
 class StopForwarder:
     """The signal handler: first signal -> stop request file; second -> kill everything."""
 
-    def __init__(self, run_dir: RunDir, child: subprocess.Popen[bytes]) -> None:
-        self.run_dir = run_dir
-        self.child = child
-        self.stop_signal: str | None = None
-        self.aborted = False
+    run_dir: RunDir
+    child: subprocess.Popen[bytes]
+    stop_signal: str | None = None
+    aborted: bool = False
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -89,16 +77,6 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
-@contextmanager
-def handlers(forwarder: StopForwarder) -> Iterator[None]:
-    previous = {signum: signal.signal(signum, forwarder.handle) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -119,6 +97,10 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> S
     child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
                              preexec_fn=term_when_parent_dies(os.getpid()))
     forwarder = StopForwarder(run_dir, child)
-    with handlers(forwarder):
+    previous = {signum: signal.signal(signum, forwarder.handle) for signum in STOP_SIGNALS}
+    try:
         returncode = child.wait()
-    return Supervised(returncode, forwarder.stop_signal, forwarder.aborted)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return Supervised(returncode, forwarder.aborted)

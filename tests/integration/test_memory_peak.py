@@ -35,8 +35,8 @@ from runs import Run, callbacks, describe_failure
 from launcher.config.compose import compose_config
 from launcher.estimator.flops import count_params
 from launcher.estimator.memory import activation_bytes
-from launcher.estimator.memory_report import memory_table
 from launcher.estimator.peak import other_ranks_peak
+from launcher.run.report import memory_table
 from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.slow

@@ -1,8 +1,5 @@
-"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto".
-
-Every value comes from the same RunConfig that builds TrainingArguments, so the file is
-complete and usable outside the HF Trainer, and the Trainer's own mismatch check proves
-both agree.
+"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto" (docs/design.md,
+"ds_config: concrete, never auto"). Pure: `ftl plan` and `ftl ds-config` use it.
 
 What the HF integration does with these values (read in transformers 5.24,
 transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config.py):
@@ -24,17 +21,8 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
   by the HF cosine/linear schedule. With no "optimizer" block it uses the Trainer's
   torch AdamW and sets zero_allow_untested_optimizer itself.
 - The hidden-size "auto" rules (reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
-  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with one
-  floor: a bucket is never smaller than 2**20 elements (ZeRO-3: 5e7, DeepSpeed's prefetch
-  default) or an eighth of the model, whichever is smaller (bucket_elements).
-
-On the cpu preset there is no optimizer block and zero_force_ds_cpu_optimizer is false:
-the Trainer's torch AdamW runs, so no FusedAdam/DeepSpeedCPUAdam has to be compiled
-(docs/stack-notes.md: ~40 s each with ninja). GPU presets get a DeepSpeed AdamW block,
-unless `train.optimizer=torch`, which writes the cpu preset's blocks on any preset: the
-Trainer's torch AdamW (fused on GPUs), no op to JIT-build, no nvcc needed.
-
-This module must not import torch or deepspeed: `ftl plan` and `ftl ds-config` use it.
+  int(0.9*h*h), stage3_param_persistence_threshold = 10*h) are reproduced here, with a
+  floor (bucket_elements).
 """
 
 from __future__ import annotations
@@ -76,12 +64,8 @@ SUB_GROUP_SIZE = 1_000_000_000
 
 
 def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
-    """The complete DeepSpeed config for `cfg`: concrete values only.
-
-    cfg has passed validation (which refuses ZeRO stages outside 1..3 and offload_param
-    below stage 3 with a message for the user), so what it says is written as is. Only a
-    DeepSpeed strategy has a ds_config: anything else is a caller's bug.
-    """
+    """The complete DeepSpeed config for a validated `cfg`: what it says is written as is
+    (only a DeepSpeed strategy has one: anything else is a caller's bug)."""
     if cfg.strategy.backend != "deepspeed":
         raise ValueError(
             f"build_ds_config: strategy={cfg.strategy.name} (backend {cfg.strategy.backend}) "
@@ -99,22 +83,16 @@ def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
     ds.update(_precision_blocks(cfg.precision))
     ds["zero_optimization"] = _zero_block(cfg)
     ds.update(_optimizer_blocks(cfg))
-    ds.update(_tensor_parallel_blocks(cfg, ds))
+    if cfg.parallel.tp > 1:
+        # AutoTP: the Trainer reads autotp_size and splits the linears. Its HF weights are
+        # saved only when the 16-bit weights are gathered on save, whatever the stage
+        # (docs/stack-notes.md). train_batch_size is left out: the Trainer's mismatch check
+        # and accelerate (ZeRO-3) compute it from the world size, without tp; DeepSpeed
+        # derives it from the data-parallel size.
+        ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        del ds["train_batch_size"]
+        ds["tensor_parallel"] = {"autotp_size": cfg.parallel.tp}
     return ds
-
-
-def _tensor_parallel_blocks(cfg: RunConfig, ds: dict[str, Any]) -> dict[str, Any]:
-    """AutoTP (parallel.tp > 1): the Trainer reads autotp_size and splits the linears. Its
-    HF weights are saved only when the 16-bit weights are gathered on save, whatever the
-    stage (docs/stack-notes.md). train_batch_size is left out: the Trainer's mismatch check
-    and accelerate (ZeRO-3) compute it from the world size, without tp; DeepSpeed derives
-    it from the data-parallel size."""
-    tp = cfg.parallel.tp
-    if tp == 1:
-        return {}
-    ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-    del ds["train_batch_size"]
-    return {"tensor_parallel": {"autotp_size": tp}}
 
 
 def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
@@ -135,7 +113,6 @@ def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
 def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     strategy = cfg.strategy
     stage = strategy.zero_stage
-    hidden = cfg.model.hidden_size
     bucket = strategy.bucket_size or bucket_elements(cfg)
     zero: dict[str, Any] = {
         "stage": stage,
@@ -149,7 +126,7 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     else:
         zero.update(
             stage3_prefetch_bucket_size=int(0.9 * bucket),
-            stage3_param_persistence_threshold=10 * hidden,
+            stage3_param_persistence_threshold=10 * cfg.model.hidden_size,
             stage3_max_live_parameters=STAGE3_MAX_LIVE_PARAMETERS,
             stage3_max_reuse_distance=STAGE3_MAX_REUSE_DISTANCE,
             sub_group_size=SUB_GROUP_SIZE,
@@ -182,7 +159,8 @@ def bucket_elements(cfg: RunConfig) -> int:
 
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
     """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu, or
-    train.optimizer=torch: the Trainer's torch AdamW."""
+    train.optimizer=torch: the Trainer's torch AdamW (fused on GPUs), so no FusedAdam or
+    DeepSpeedCPUAdam has to be compiled (docs/stack-notes.md: ~40 s each with ninja)."""
     train = cfg.train
     if gpu_preset(cfg.cluster.gpu).is_cpu or train.optimizer == "torch":
         # The Trainer's torch AdamW; the HF integration sets zero_allow_untested_optimizer
@@ -214,8 +192,7 @@ def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
     from launcher.config.compose import compose_config
 
-    overrides = [*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"]
-    return compose_config(overrides)
+    return compose_config([*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"])
 
 
 def reference_files() -> dict[str, str]:

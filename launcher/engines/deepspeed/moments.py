@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
@@ -55,7 +56,7 @@ def zero3_moments(x: PeakInputs, offload_opt: bool, offload_param: bool) -> dict
     until backward releases it); the optimizer step adds fp32 grads of one sub-group
     (without offload) and AdamW's temporaries over it."""
     psi, p, part = x.psi, x.p, x.psi / x.n
-    sg = min(x.sub_group, part)
+    sg = min(SUB_GROUP_SIZE, part)
     params = p * part
     grads = p * part  # the reduced 16-bit grad partition (fp32 in fp32 runs)
     states = (16.0 if offload_opt else 12.0) * part
@@ -87,7 +88,7 @@ def zero3_construction(x: PeakInputs, offload_opt: bool, offload_param: bool,
     params = x.p * part
     on_host = params if offload_param else 0.0
     building: Split = (params - on_host + 4.0 * x.layer_psi, on_host)
-    engine: Split = (params - on_host + 4.0 * part + 4.0 * min(x.sub_group, part), on_host)
+    engine: Split = (params - on_host + 4.0 * part + 4.0 * min(SUB_GROUP_SIZE, part), on_host)
     return larger(building, engine)
 
 

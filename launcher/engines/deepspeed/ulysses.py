@@ -1,10 +1,6 @@
 """Sequence parallelism (parallel.sp > 1): DeepSpeed Ulysses (ALST) under ZeRO-3, rank side.
-
-The HF Trainer does the work when TrainingArguments carries accelerate's
-ParallelismConfig(sp_backend="deepspeed"): the attention of every layer exchanges heads for
-sequence all-to-all, a loader adapter (UlyssesSPDataLoaderAdapter) gives every rank of an
-sp group its slice of the same batch, and the loss is the token-weighted mean over the
-group. What the pinned stack gets wrong on CPU or on resume is patched here, each measured
+The HF Trainer does the work given accelerate's ParallelismConfig(sp_backend="deepspeed");
+what the pinned stack gets wrong on CPU or on resume is patched here, each measured
 (docs/stack-notes.md, "Tensor parallelism ... and sequence parallelism").
 """
 

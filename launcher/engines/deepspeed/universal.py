@@ -1,17 +1,8 @@
-"""Resume a ZeRO checkpoint on another world size through DeepSpeed's universal checkpoint.
-
-A ZeRO checkpoint's optimizer (and under ZeRO-3 parameter) partitions belong to the world
-size that wrote them (its COMPLETE marker records it). When a launch resumes one on another
-world size, rank 0 converts it once with DeepSpeed's own converter
-(`python -m deepspeed.checkpoint.ds_to_universal`, a subprocess: it runs worker pools of its
-own) into RUN_DIR/universal/checkpoint-N/: the converted `global_stepN_universal/` and its
-`latest_universal`, beside links to the source checkpoint's Trainer files (trainer_state,
-scheduler, RNG states, config). The Trainer then resumes from that directory with
-RUN_DIR/ds_config.universal.json (the ds_config plus `"checkpoint": {"load_universal":
-true}`, written with the run dir), so DeepSpeed
-reshards parameters and optimizer states for the new world size. The other ranks wait for
-the directory before any process group exists (as for the tokenized data), so no
-collective times out however long the conversion takes.
+"""Resume a ZeRO checkpoint on another world size through DeepSpeed's universal checkpoint
+(docs/design.md, "World size"): rank 0 converts it once into RUN_DIR/universal/checkpoint-N/
+(`ds_to_universal` as a subprocess: it runs worker pools of its own) while the other ranks
+wait, before any process group exists, so no collective times out however long it takes;
+the Trainer loads it with RUN_DIR/ds_config.universal.json (written with the run dir).
 """
 
 from __future__ import annotations
@@ -42,10 +33,8 @@ def universal_resume(run_dir: RunDir, checkpoint: Path, rank: int, timeout_s: fl
     """The converted checkpoint to resume from: rank 0 converts it (once per run dir), the
     other ranks wait for it."""
     target = run_dir.path / UNIVERSAL / checkpoint.name
-    if rank == 0:
-        if not target.is_dir():
-            convert(checkpoint, target)
-        return target
+    if rank == 0 and not target.is_dir():
+        convert(checkpoint, target)
     deadline = time.monotonic() + timeout_s
     while not target.is_dir():
         if time.monotonic() > deadline:

@@ -36,21 +36,18 @@ class FsdpEngine(Engine):
     def memory_stage(self, strategy: StrategyConfig) -> int:
         return 3  # parameters, gradients and optimizer state all sharded
 
-    def offloads_optimizer(self, strategy: StrategyConfig) -> bool:
-        return strategy.offload_param  # equal to offload_optimizer (problems)
-
     def settings(self, cfg: RunConfig) -> dict[str, Any]:
         return build_fsdp_settings(cfg)
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-        offload = self.offloads_optimizer(strategy)
+        offload = strategy.offload_param  # equal to offload_optimizer (problems)
         return with_first_step(fsdp_moments(x, offload), 8.0 * x.psi / x.n, offload)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
-        offload = self.offloads_optimizer(strategy)
-        moments = lora_fsdp_moments(x, lo, offload)
-        return with_first_step(moments, 8.0 * lo.adapters / x.n, offload)
+        offload = strategy.offload_param
+        return with_first_step(lora_fsdp_moments(x, lo, offload), 8.0 * lo.adapters / x.n,
+                               offload)
 
     # ------------------------------------------------------------ rank side
 

@@ -8,6 +8,7 @@ from launcher.estimator.peak_terms import (
     Split,
     larger,
     per_param_temporaries,
+    placed,
 )
 
 
@@ -22,25 +23,21 @@ def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
     kept = p * psi if not x.reshard_after_forward else 2.0 * layer  # unsharded params
     forward = x.acts + x.recompute + kept
     backward = 3.0 * layer + (kept - 2.0 * layer)
-
-    def on(device: float, host: float) -> Split:  # states on the host under offload
-        return (device, host) if offload else (device + host, 0.0)
-
     states = 12.0 * part
     grads = 4.0 * part
-    fwd = on(forward, states)
-    bwd = on(backward, states + grads)
-    fwd_bwd = larger(fwd, bwd)
-    step = on(0.0, states + grads + per_param_temporaries(x, x.largest_tensor / x.n))
+    fwd_bwd = larger(placed(offload, forward, states),
+                     placed(offload, backward, states + grads))
+    temps = per_param_temporaries(x, x.largest_tensor / x.n)
     # FULL_STATE_DICT: rank 0 gathers the full fp32 Adam state (8psi), offloaded to its host
     # tensor by tensor (accelerate's StateDictOptions(cpu_offload=True))
     save = 8.0 * psi if x.gather_on_save else 0.0
-    rank0 = on(0.0, states)
+    rank0 = placed(offload, 0.0, states)
     # the full fp32 model: built on rank 0's host, allocated but never written on the other
     # ranks' (launcher/model.unfilled_model: the allocator counts it, RSS does not), then
     # sharded onto the device
-    return {"construction": (4.0 * part, 4.0 * psi), "between_steps": on(0.0, states),
-            "forward_backward": fwd_bwd, "optimizer_step": step,
+    return {"construction": (4.0 * part, 4.0 * psi), "between_steps": rank0,
+            "forward_backward": fwd_bwd,
+            "optimizer_step": placed(offload, 0.0, states + grads + temps),
             "checkpoint": (rank0[0], rank0[1] + save), "checkpoint_other_ranks": rank0}
 
 
@@ -53,19 +50,16 @@ def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str,
     byte); the final save gathers it again and merges; the final eval unshards layers."""
     n, part = x.n, lo.adapters / x.n
     layer = x.p * (x.layer_psi + lo.layer_adapters)
-
-    def on(device: float, host: float) -> Split:  # states on the host under offload
-        return (device, host) if offload else (device + host, 0.0)
-
     states = lo.model(x.psi) / n + 8.0 * part
     grads = lo.adapter_bytes * part
     full_tensor = lo.base_bytes * x.largest_tensor  # one parameter gathered whole
-    d, h = between = on(0.0, states)
+    d, h = between = placed(offload, 0.0, states)
     # the gathered state dict goes to rank 0's host (cpu_offload=True), the merge runs there
     return {"construction": (lo.model(x.psi) / n, lo.model(x.psi)),
             "between_steps": between,
-            "forward_backward": on(3.0 * layer + x.acts + x.recompute, states + grads),
-            "optimizer_step": on(0.0, states + grads + per_param_temporaries(
+            "forward_backward": placed(offload, 3.0 * layer + x.acts + x.recompute,
+                                       states + grads),
+            "optimizer_step": placed(offload, 0.0, states + grads + per_param_temporaries(
                 x, lo.largest_adapter / n)),
             "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
             "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),

@@ -13,12 +13,8 @@ Keys checked against the installed sources, transformers 5.24
   state_dict_type (FULL_STATE_DICT | SHARDED_STATE_DICT), cpu_ram_efficient_loading,
   activation_checkpointing. transformers turns them into `args.fsdp_plugin_args`, and the
   Trainer builds `FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`.
-
-CPU offload: `cpu_offload: true` becomes accelerate's `CPUOffloadPolicy()`, whose
-pin_memory=True fails without a GPU (docs/stack-notes.md). `fsdp_plugin_overrides` gives the worker
-what to put into `args.fsdp_plugin_args` before building the Trainer.
-
-`build_fsdp_settings` is pure and imports nothing heavy (the plan path uses it).
+- `cpu_offload: true` becomes accelerate's `CPUOffloadPolicy()`, whose pin_memory=True
+  fails without a GPU (docs/stack-notes.md): fsdp_plugin_overrides.
 """
 
 from __future__ import annotations
@@ -61,11 +57,8 @@ def needs_unpinned_offload(cfg: RunConfig) -> bool:
 
 
 def fsdp_plugin_overrides(cfg: RunConfig) -> dict[str, Any]:
-    """Entries for `args.fsdp_plugin_args` that fsdp_config cannot express (worker only).
-
-    Imports torch, so only the worker calls it: after TrainingArguments is built and
-    before the Trainer is, `args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))`.
-    """
+    """Entries for `args.fsdp_plugin_args` that fsdp_config cannot express (imports torch:
+    the ranks only, FsdpEngine.finish_arguments)."""
     if not needs_unpinned_offload(cfg):
         return {}
     from torch.distributed.fsdp import CPUOffloadPolicy
