@@ -289,7 +289,8 @@ def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
 def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
     root, name = runs_root / "signals", "abort"
     root.mkdir(parents=True, exist_ok=True)
-    slower = SLOW.replace("seconds:0.5", "seconds:5")  # no step boundary within the test
+    # No step boundary within the test: step 2 ends in a 5 s sleep (step 1 need not wait).
+    slower = SLOW.replace("seconds:0.5", "seconds:5,from_step:2")
     log = root / f"{name}.log"
     proc = start_in_session(ftl_train_argv(root, name, ["strategy=ddp", slower]), log)
     try:
