@@ -610,15 +610,13 @@ class LoadingProbe(TrainerCallback):
 
 
 class SlowSteps(TrainerCallback):
-    """Sleep `seconds` at every step end from step `from_step` on, on every rank: steps
-    slow enough that a test can send a signal at a chosen step (the losses are unchanged).
-    With `restart`, only in the Slurm launch whose SLURM_RESTART_COUNT (0 when unset) is
-    that number."""
+    """Sleep `seconds` at every step end on every rank: steps slow enough that a test can
+    send a signal at a chosen step (the losses are unchanged). With `restart`, only in the
+    Slurm launch whose SLURM_RESTART_COUNT (0 when unset) is that number."""
 
-    def __init__(self, seconds: float, restart: int | None = None, from_step: int = 1) -> None:
+    def __init__(self, seconds: float, restart: int | None = None) -> None:
         self.seconds = seconds
         self.restart = restart
-        self.from_step = from_step
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -626,8 +624,6 @@ class SlowSteps(TrainerCallback):
         import os
         import time
 
-        if state.global_step < self.from_step:
-            return
         if self.restart is None or int(os.environ.get("SLURM_RESTART_COUNT", 0)) == self.restart:
             time.sleep(self.seconds)
 

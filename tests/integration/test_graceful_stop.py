@@ -4,10 +4,10 @@ exits 75 (stopped, resumable, no final model or result); a half-written checkpoi
 looks newer is planted; the same command again skips it, resumes at the next step without
 evaluating "at the start" again, and the two launches' losses joined equal the
 uninterrupted run's, one loss per step. In `make test`: SIGTERM under ZeRO-2 (DeepSpeed's
-engine and launcher) and FSDP2 with sharded checkpoints (torch.distributed.checkpoint), and
-Ctrl-C under ddp with activation checkpointing (which must change no number); `make
-test-full` adds SIGTERM under ddp and ZeRO-3 (FULL_CASES says why `make test` needs
-neither). The ddp Ctrl-C case also logs to every tracker (wandb offline, MLflow's file
+engine and launcher) and Ctrl-C under ddp (torchrun) with activation checkpointing (which
+must change no number); `make test-full` adds SIGTERM under ddp, ZeRO-3 and FSDP2 with
+sharded checkpoints (torch.distributed.checkpoint): FULL_CASES says why `make test` needs
+none of them. The ddp Ctrl-C case also logs to every tracker (wandb offline, MLflow's file
 store in tmp): one tracker run across the stop and the resume, MLflow's params and each
 step's loss once, and no credential from the environment in any file.
 A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
@@ -55,6 +55,9 @@ from launcher.rundir import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
 
+# Every step slow, from the first: the ranks vote about once a second, at an interval
+# measured from their recent steps (launcher/rank/preempt.py), so fast early steps would
+# put the next vote past the last step.
 SLOW = "train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5}]"
 SLOW_WRAPPER = ("train.callbacks=[{_target_:tests.integration.probes.SlowSteps,seconds:0.5},"
                 "{_target_:tests.integration.probes.WrapperProbe}]")
@@ -148,15 +151,16 @@ def plant_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> 
 
 CHECKPOINTED = ("train.gradient_checkpointing=true",)
 TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)
-CASES = [("zero2", "deepspeed", signal.SIGTERM, ()),
-         ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER),
-         TRACKED_CASE]
-FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()), ("zero3", "torchrun", signal.SIGTERM, ())]
-"""`make test-full` only, since the cases above prove what they do: `ftl train` and the
-ranks handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), the
-stop vote and its save are the engines' common path (the zero2 case proves it under the
-DeepSpeed engine and launcher), and a ZeRO-3 checkpoint resumes exactly in
-test_sequence_parallel.py's chain (ZeRO-3 with sp=2, stopped after checkpoint-4)."""
+CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE]
+FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()), ("zero3", "torchrun", signal.SIGTERM, ()),
+              ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)]
+"""`make test-full` only, since `make test` proves what they do: `ftl train` and the ranks
+handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), so the two
+cases above cover both launchers and both signals; the stop vote and its save are the
+engines' common path; a ZeRO-3 checkpoint resumes exactly in test_sequence_parallel.py's
+chain (ZeRO-3 with sp=2, stopped after checkpoint-4), FSDP2's sharded one in
+test_world_size_change.py's fsdp-sharded-2to1 (torch.distributed.checkpoint loads any world
+size through the same call)."""
 
 
 TRACKERS = "train.report_to=[tensorboard,wandb,mlflow]"
@@ -289,8 +293,7 @@ def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
 def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
     root, name = runs_root / "signals", "abort"
     root.mkdir(parents=True, exist_ok=True)
-    # No step boundary within the test: step 2 ends in a 5 s sleep (step 1 need not wait).
-    slower = SLOW.replace("seconds:0.5", "seconds:5,from_step:2")
+    slower = SLOW.replace("seconds:0.5", "seconds:5")  # no step boundary within the test
     log = root / f"{name}.log"
     proc = start_in_session(ftl_train_argv(root, name, ["strategy=ddp", slower]), log)
     try:
