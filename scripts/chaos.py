@@ -6,10 +6,11 @@
 1. An uninterrupted reference run (run.name=chaos-reference).
 2. `--rounds` times: `ftl train` (run.name=chaos, run.resume=auto: each launch continues
    from the newest complete checkpoint of the earlier ones), then SIGKILL at a random time
-   once training runs. Every third kill waits for a checkpoint being written (its directory
-   exists, its COMPLETE marker does not) and lands in the middle of that save; every fourth
-   kills one rank only (the launcher then tears down the rest); the others kill the whole
-   process tree (`ftl train`, the launcher, every rank) at once.
+   once training runs. Every third kill (the 2nd, 5th, ...) waits for a checkpoint being
+   written (its directory exists, its COMPLETE marker does not) and lands in the middle of
+   that save; every fourth (the 3rd, 7th, ...) kills one rank only (the launcher then tears
+   down the rest); the others kill the whole process tree (`ftl train`, the launcher, every
+   rank) at once. So 3 rounds make one kill of each kind.
 3. Relaunches without kills until the run finishes.
 4. Checks: every launch started at the step of the newest complete checkpoint that existed
    when it started (never from step 0 once a checkpoint exists), the run reached
@@ -151,7 +152,7 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
     if run_dir is None or not first_step_logged(run_dir, proc):
         kill_all(proc)
         return _finished(proc, run_dir, report)
-    mode = "save" if index % 3 == 2 else "rank" if index % 4 == 3 else "random"
+    mode = "save" if index % 3 == 1 else "rank" if index % 4 == 2 else "random"
     if mode == "save":
         wait_for_a_save(run_dir, proc)
     else:

@@ -1,8 +1,8 @@
 """Crash safety under kill -9 (scripts/chaos.sh): kills of a real `ftl train` run at
 random moments, a third of them in the middle of a checkpoint save and some of a single
 rank, each followed by a relaunch with run.resume=auto; then relaunches until the run
-finishes. `make test` makes 4 kills (random, random, mid-save, one rank) of a 200-step
-run; `make test-full` 20 kills of an 800-step run. Every launch must start at the newest
+finishes. `make test` makes 3 kills (random, mid-save, one rank: each kind once) of a
+100-step run; `make test-full` 20 kills of an 800-step run. Every launch must start at the newest
 complete checkpoint, and the final model's logits must equal an uninterrupted run's
 (atol 1e-5; fp32 ddp on CPU resumes bitwise, so the measured difference is 0).
 """
@@ -20,9 +20,8 @@ from launcher.config.compose import PROJECT_ROOT
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.mark.parametrize(("rounds", "max_steps"), [
-    (4, 200), pytest.param(20, 800, marks=pytest.mark.full)])
+    (3, 100), pytest.param(20, 800, marks=pytest.mark.full)])
 def test_kill_9s_then_the_run_finishes_with_the_uninterrupted_runs_model(
     tmp_path: Path, rounds: int, max_steps: int,
 ) -> None:

@@ -7,7 +7,8 @@
   whose run.output_dir is a local disk sees: the same files written at launch, but not
   what rank 0 writes later). The check itself runs unchanged and names rank 1.
 - A rank that never starts: rank 0 of a world of 2 alone; its join ends within
-  cluster.startup_timeout_s with an error naming rank 1 and the address and port.
+  cluster.startup_timeout_s with an error naming rank 1 and the address and port. It mostly
+  waits, so it starts with the module (`start_early`) and waits beside the other tests.
 The 2-node Slurm job step is in test_slurm.py (`cluster.doctor=true`).
 """
 
@@ -18,6 +19,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import redirect_stderr
 from io import StringIO
 from pathlib import Path
@@ -114,10 +116,32 @@ def test_doctor_names_the_rank_whose_output_dir_is_not_shared(tmp_path: Path) ->
     assert "ftl doctor: a check FAILED" in shown.stdout
 
 
-def test_a_rank_that_never_starts_is_named_within_the_start_up_bound(tmp_path: Path) -> None:
-    run_dir = planned(tmp_path, "cluster.startup_timeout_s=3")
+@pytest.fixture(scope="module")
+def never_joined(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, int, subprocess.Popen[str]]]:
+    """Rank 0 of a world of 2, alone, with a 3 s start-up bound: (run dir, port, process)."""
+    run_dir = planned(tmp_path_factory.mktemp("never-joins"), "cluster.startup_timeout_s=3")
     port = free_port()
     alone = start_rank(0, run_dir, port)
+    yield run_dir, port, alone
+    if alone.poll() is None:
+        alone.kill()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def start_early(request: pytest.FixtureRequest) -> None:
+    """Starts never_joined with the module when a selected test uses it."""
+    if any(getattr(item, "module", None) is request.module
+           and "never_joined" in getattr(item, "fixturenames", ())
+           for item in request.session.items):
+        request.getfixturevalue("never_joined")
+
+
+def test_a_rank_that_never_starts_is_named_within_the_start_up_bound(
+    never_joined: tuple[Path, int, subprocess.Popen[str]],
+) -> None:
+    run_dir, port, alone = never_joined
     # Far below torch's own 30-minute default: the 3 s bound (plus the imports) ended it.
     output = alone.communicate(timeout=120)[0]
     assert alone.returncode != 0, output

@@ -2,8 +2,8 @@
 injected callback at step 3 (after two slow steps: a straggler) while rank 0 waits in a
 collective; each rank's watchdog dumps its stacks to RUN_DIR/hang/ and `ftl train` exits
 76 naming where each rank was; `ftl status` says the same, `ftl report` names rank 1 as
-the slowest; checkpoint-2 stays complete and the same command without the probe resumes
-from it and finishes."""
+the slowest; checkpoint-2 stays complete. `make test-full` also resumes it: the same
+command without the probe continues from checkpoint-2 and finishes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,29 @@ def ftl_train(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         cwd=PROJECT_ROOT, env=project_env(), capture_output=True, text=True, timeout=600)
 
 
-def test_a_hung_rank_ends_the_run_with_its_stacks_and_the_same_command_resumes(
-    tmp_path: Path,
-) -> None:
+@dataclass
+class Hung:
+    root: Path
+    run_dir: RunDir
+    done: subprocess.CompletedProcess[str]
+    ended: float
+    """time.time() when `ftl train` had exited."""
+
+
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory: pytest.TempPathFactory) -> Hung:
+    """The launch whose rank 1 blocks at step 3 (shared by the resume, a `full` test)."""
+    root = tmp_path_factory.mktemp("hang")
     started = time.monotonic()
-    done = ftl_train(tmp_path, BLOCK)
+    done = ftl_train(root, BLOCK)
     ended = time.time()
     RUN_TIMES["hang (hung launch)"] = time.monotonic() - started
     assert done.returncode == HUNG_EXIT, done.stdout[-3000:] + done.stderr[-3000:]
-    run_dir = RunDir(only_run_dir(tmp_path))
+    return Hung(root, RunDir(only_run_dir(root)), done, ended)
+
+
+def test_a_hung_rank_ends_the_run_with_its_stacks(hung: Hung) -> None:
+    run_dir, done, ended = hung.run_dir, hung.done, hung.ended
 
     records = run_dir.read_hangs()
     assert [r.rank for r in records] == [0, 1]
@@ -87,8 +102,16 @@ def test_a_hung_rank_ends_the_run_with_its_stacks_and_the_same_command_resumes(
     text, _ = report(run_dir.path)  # `ftl report RUN_DIR`
     assert "slowest rank: 1, busy " in text and "forward: slowest rank 1, " in text, text
 
+
+@pytest.mark.full
+def test_the_same_command_resumes_a_hung_run(hung: Hung) -> None:
+    """`make test-full` only: a launch that ended 76 left checkpoint-2 complete, as one
+    that ended 75 (test_graceful_stop), 1 (test_disk_full) or by kill -9 (test_chaos)
+    leaves its own, and the resume takes the newest complete checkpoint whatever ended the
+    launch before (launcher/rank/checkpoints.py)."""
+    run_dir, checkpoints = hung.run_dir, hung.run_dir.checkpoints
     started = time.monotonic()
-    again = ftl_train(tmp_path)  # the same command, without the injected hang
+    again = ftl_train(hung.root)  # the same command, without the injected hang
     RUN_TIMES["hang (resume)"] = time.monotonic() - started
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     second = RunDir(max(p for p in run_dir.path.parent.iterdir() if p.is_dir()

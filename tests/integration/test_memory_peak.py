@@ -10,7 +10,9 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   linears, rank 0 gathering the whole model to save it).
 - zero3-sp2 is zero3 with parallel.sp=2 (DeepSpeed Ulysses: half of each sequence per rank,
   ZeRO-3 sharding over both; `make test-full` only).
-`make test` runs ddp, zero2, zero3, fsdp and zero1-tp2 (SHORT); `make test-full` all twelve.
+`make test` runs ddp, zero2, zero3 and fsdp (SHORT); `make test-full` all twelve (zero1-tp2
+among them: TP's training, save and resume are test_tensor_parallel.py's, its memory figure
+is docs/memory-notes.md's).
 Activations are
   measured as live bytes at the forward's end minus at the step's begin
   (tests/integration/probes.LiveBytesProbe), in strategies that hold nothing else then
@@ -67,7 +69,7 @@ RUNS: dict[str, list[str]] = {
 LORA_RUNS = {"lora-ddp": "ddp", "lora-zero3": "zero3", "lora-fsdp": "fsdp"}
 """Run name -> strategy of the peft=lora runs (the three backends' LoRA code paths)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "zero3", "fsdp", "zero1-tp2")
+SHORT = ("ddp", "zero2", "zero3", "fsdp")
 """The runs `make test` makes (one per backend family); the others are `make test-full`'s."""
 
 

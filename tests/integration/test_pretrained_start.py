@@ -124,7 +124,9 @@ def pretrained_logits(pretrained: Path, input_ids: torch.Tensor) -> torch.Tensor
         return model(input_ids=input_ids).logits.float()
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero3", "fsdp"])
+# FSDP2's full fine-tune is `make test-full`'s: its loading is the LoRA run's
+# (test_fsdp_loads_with_cpu_ram_efficient_loading), its full training the strategy runs'.
+@pytest.mark.parametrize("strategy", ["ddp", "zero3", pytest.param("fsdp", marks=pytest.mark.full)])
 def test_full_finetune_starts_from_model_path(
     trained: Callable[..., Run], pretrained_dir: Path, strategy: str
 ) -> None:
@@ -167,9 +169,10 @@ def test_fsdp_loads_with_cpu_ram_efficient_loading(
 ) -> None:
     """cpu_ram_efficient_loading is on, and rank 0's weights are what every shard holds:
     rank 1 built unfilled parameters without reading the checkpoint (zeroing them before
-    fully_shard changes nothing), yet the run starts at the checkpoint's loss (checked in
-    test_full_finetune_starts_from_model_path; repeated here)."""
-    run = full_run(trained, pretrained_dir, "fsdp")
+    fully_shard changes nothing), yet the run starts at the checkpoint's loss. On the LoRA
+    run (its adapters start at zero, so its first eval is the checkpoint's too), which
+    test_lora_starts_from_model_path makes anyway; the full fine-tune loads the same way."""
+    run = lora_run(trained, pretrained_dir, "fsdp")
     assert_starts_from_checkpoint(run, pretrained_dir)
     for rank in range(WORLD):
         loading = run.probe("loading", rank)
