@@ -83,7 +83,7 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     report = ftl("report", str(run_dir))
     assert report.returncode == 0, report.stderr
     # predicted / measured live tensor bytes per phase and rank
-    # (launcher/estimator/memory_report.py)
+    # (launcher/run/report.py, memory_table)
     assert "memory per rank, live tensor GiB (predicted / measured)" in report.stdout
     assert "rank 1" in report.stdout and "run peak" in report.stdout
     assert "estimated train time for those" in report.stdout

@@ -58,7 +58,7 @@ def needs_unpinned_offload(cfg: RunConfig) -> bool:
 
 def fsdp_plugin_overrides(cfg: RunConfig) -> dict[str, Any]:
     """Entries for `args.fsdp_plugin_args` that fsdp_config cannot express (imports torch:
-    the ranks only, FsdpEngine.finish_arguments)."""
+    the ranks only, FsdpEngine.training_arguments)."""
     if not needs_unpinned_offload(cfg):
         return {}
     from torch.distributed.fsdp import CPUOffloadPolicy
