@@ -28,7 +28,7 @@ from launcher.estimator.memory import (
     rank_sequence,
     recompute_bytes,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs
 
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
 MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
@@ -86,11 +86,6 @@ def other_ranks_peak(moments: dict[str, float]) -> float:
     return max(v for k, v in moments.items() if k not in RANK0_MOMENTS)
 
 
-def strategy_moments(x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-    """The moments of `strategy` (its engine, ZeRO stage and offload settings)."""
-    return engine_of(strategy).moments(x, strategy)
-
-
 def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     """The settings the moments read, from cfg (under `strategy`, which need not be
     cfg.strategy: the estimate asks for every row on the same run)."""
@@ -128,7 +123,7 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
         x = replace(x, acts=lora_activation_bytes(cfg))
         moments = engine_of(strategy).lora_moments(x, lora_inputs(cfg, strategy), strategy)
     else:
-        moments = strategy_moments(x, strategy)
+        moments = engine_of(strategy).moments(x, strategy)
     if cfg.parallel.tp > 1:  # rank 0 gathers the whole model's 16-bit weights to save them
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))

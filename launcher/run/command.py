@@ -8,12 +8,12 @@ Forms (dispatch on cluster.launcher, cluster.nodes and cluster.scheduler):
 | torchrun  | 1     | `--standalone` (rendezvous on a free local port)             | no       |
 | torchrun  | >1    | c10d rendezvous at HEAD:cluster.master_port                  | yes      |
 | deepspeed | 1     | `--num_gpus N` on localhost                                  | no       |
-| deepspeed | >1    | a scheduler (or node_rank given): `--no_ssh --node_rank R`   | yes      |
+| deepspeed | >1    | a scheduler: `--no_ssh --node_rank R`                        | yes      |
 | deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
 
-Per-node forms are started once on every node; a head node or node rank not known yet (a
-Slurm job learns them at run time) is a `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholder
-that the per-node shell must export (`Launch.shell_vars`, kept unquoted by `render_command`).
+Per-node forms are started once on every node; the head node and node rank (a Slurm job
+learns them at run time) are `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholders that the
+per-node shell must export (`Launch.shell_vars`, kept unquoted by `render_command`).
 
 Per-rank logs land in RUN_DIR/logs (layouts measured with torch 2.13 / deepspeed 0.19.8):
 - torchrun: `logs/<rdzv id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log`,
@@ -39,6 +39,10 @@ from launcher.rundir import HOSTFILE, LOGS
 WORKER_MODULE = "launcher.rank.worker"
 HEAD_NODE_VAR = "FTL_HEAD_NODE"
 NODE_RANK_VAR = "FTL_NODE_RANK"
+HEAD_NODE, NODE_RANK = "${" + HEAD_NODE_VAR + "}", "${" + NODE_RANK_VAR + "}"
+SHELL_VARS = (HEAD_NODE_VAR, NODE_RANK_VAR)
+"""A per-node form's head node and node rank: placeholders the node's shell exports (a Slurm
+job learns them at run time)."""
 
 
 @dataclass(frozen=True)
@@ -55,29 +59,16 @@ class Launch:
     """Variables the argv expects from the per-node shell (`${NAME}` in an element)."""
 
 
-def build_launch(
-    cfg: RunConfig,
-    run_dir: str,
-    *,
-    head_node: str | None = None,
-    node_rank: str | None = None,
-    hostfile_path: str | None = None,
-    hosts: Sequence[str] | None = None,
-) -> Launch:
-    """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank.
-    head_node / node_rank: literal values when known (else placeholders); hostfile_path:
-    where the caller writes `Launch.hostfile` (default RUN_DIR/hostfile); hosts: real host
-    names for a generated hostfile (deepspeed multi-node)."""
+def build_launch(cfg: RunConfig, run_dir: str) -> Launch:
+    """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank."""
     if cfg.cluster.launcher == "torchrun":
-        return _torchrun(cfg, run_dir, head_node, node_rank)
+        return _torchrun(cfg, run_dir)
     if cfg.cluster.launcher == "deepspeed":
-        hostfile_path = hostfile_path or posixpath.join(run_dir, HOSTFILE)
-        return _deepspeed(cfg, run_dir, head_node, node_rank, hostfile_path, hosts)
+        return _deepspeed(cfg, run_dir)
     raise ValueError(f"cluster.launcher={cfg.cluster.launcher}: rules.py admits no such launcher")
 
 
-def _torchrun(cfg: RunConfig, run_dir: str, head_node: str | None,
-              node_rank: str | None) -> Launch:
+def _torchrun(cfg: RunConfig, run_dir: str) -> Launch:
     cluster = cfg.cluster
     count = ["--nproc_per_node", str(cluster.gpus_per_node)]
     if cluster.nodes == 1:
@@ -85,20 +76,19 @@ def _torchrun(cfg: RunConfig, run_dir: str, head_node: str | None,
         argv = ["torchrun", "--standalone", "--nnodes", "1", *count,
                 *_torchrun_logs(posixpath.join(run_dir, LOGS)), *_program(run_dir)]
         return Launch(argv=argv, env=launch_env(cfg))
-    head, rank, shell_vars = _per_node_values(head_node, node_rank)
     argv = [
         "torchrun", "--nnodes", str(cluster.nodes), *count,
         "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", f"{head}:{cluster.master_port}",
+        "--rdzv_endpoint", f"{HEAD_NODE}:{cluster.master_port}",
         # Same run dir -> same id, so a requeued job's nodes meet in the same rendezvous.
         "--rdzv_id", rendezvous_id(run_dir),
         # A node that never joins ends the rendezvous after the start-up bound (torch's
         # default: 600 s), the same bound the ranks' own join has (rank/startup.py).
         "--rdzv_conf", f"join_timeout={int(math.ceil(cluster.startup_timeout_s))}",
-        *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{rank}")),
+        *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{NODE_RANK}")),
         *_program(run_dir),
     ]
-    return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=shell_vars)
+    return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=SHELL_VARS)
 
 
 def _torchrun_logs(log_dir: str) -> list[str]:
@@ -106,34 +96,26 @@ def _torchrun_logs(log_dir: str) -> list[str]:
     return ["--log_dir", log_dir, "--redirects", "3", "--tee", "0:3"]
 
 
-def _deepspeed(cfg: RunConfig, run_dir: str, head_node: str | None, node_rank: str | None,
-               hostfile_path: str, hosts: Sequence[str] | None) -> Launch:
+def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
     """One node: `--num_gpus` (always: on gpu=cpu the CPU accelerator reports one device).
     Several: one `deepspeed --no_ssh` per node under a scheduler (Slurm starts one task
     per node), else one here that starts every node over pdsh/ssh."""
     cluster = cfg.cluster
-    launch, nodes = Launch(argv=[], env=launch_env(cfg)), []
-    if cluster.nodes > 1 and (cluster.scheduler != NO_SCHEDULER or node_rank is not None):
-        head_node, rank, shell_vars = _per_node_values(head_node, node_rank)
+    launch, nodes, head_node = Launch(argv=[], env=launch_env(cfg)), [], None
+    if cluster.nodes > 1 and cluster.scheduler != NO_SCHEDULER:
         # With --no_ssh deepspeed only counts the hostfile's lines (node_rank picks one) and
-        # never connects to the names, so placeholders are enough when the real hosts are not
-        # known.
-        names = list(hosts) if hosts else [f"node{index}" for index in range(cluster.nodes)]
+        # never connects to the names, so placeholders are enough.
+        names = [f"node{index}" for index in range(cluster.nodes)]
         launch = replace(launch, hostfile=hostfile_text(names, cluster.gpus_per_node),
-                         per_node=True, shell_vars=shell_vars)
-        nodes = ["--hostfile", hostfile_path, "--no_ssh", "--node_rank", rank]
+                         per_node=True, shell_vars=SHELL_VARS)
+        nodes = ["--hostfile", posixpath.join(run_dir, HOSTFILE), "--no_ssh",
+                 "--node_rank", NODE_RANK]
+        head_node = HEAD_NODE
     elif cluster.nodes > 1:
-        if cluster.hostfile:
-            hostfile_path = cluster.hostfile  # the user's own file: referenced, not rewritten
-        elif hosts:
-            launch = replace(launch, hostfile=hostfile_text(list(hosts), cluster.gpus_per_node))
-        else:
+        if not cluster.hostfile:
             raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
                              "(rules.py checks it)")
-        head_node = head_node or (hosts[0] if hosts else None)
-        nodes = ["--hostfile", hostfile_path]
-    else:
-        head_node = None
+        nodes = ["--hostfile", cluster.hostfile]  # the user's own file: referenced, not rewritten
     if nodes:
         nodes += ["--num_nodes", str(cluster.nodes)]
     # Without --master_addr a multi-node deepspeed asks the first host for `hostname -I` over
@@ -154,16 +136,6 @@ def with_module(launch: Launch, module: str) -> Launch:
 
 def _program(run_dir: str) -> list[str]:
     return ["--module", WORKER_MODULE, run_dir]
-
-
-def _per_node_values(
-    head_node: str | None, node_rank: str | None
-) -> tuple[str, str, tuple[str, ...]]:
-    """Literal head/rank when given, else the shell placeholders the node's shell sets."""
-    given = {HEAD_NODE_VAR: head_node, NODE_RANK_VAR: node_rank}
-    values = {name: "${" + name + "}" if value is None else value for name, value in given.items()}
-    shell_vars = tuple(name for name, value in given.items() if value is None)
-    return values[HEAD_NODE_VAR], values[NODE_RANK_VAR], shell_vars
 
 
 def launch_env(cfg: RunConfig) -> dict[str, str]:

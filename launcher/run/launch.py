@@ -13,9 +13,9 @@ from launcher import timing
 from launcher.config.compose import compose_config
 from launcher.config.validate import Checked, Target, validate
 from launcher.rank.checkpoints import latest_complete_checkpoint
-from launcher.run.command import Launch
+from launcher.run.command import Launch, build_launch
 from launcher.run.hang_report import hang_lines
-from launcher.run.planner import Plan, make_plan, plan_launch, resolve_tool, run_dir_files
+from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
 from launcher.run.supervise import ABORTED_EXIT, HUNG_EXIT, STOPPED_EXIT, supervise
 from launcher.rundir import (
     LAUNCH_SCRIPT,
@@ -63,7 +63,7 @@ def build_run(checked: Checked, overrides: list[str]) -> Prepared:
     plan = make_plan(checked)
     cfg = plan.cfg
     run_dir = new_run_dir_path(cfg.run.output_dir, cfg.run.name).resolve()
-    launch = plan_launch(plan, run_dir)
+    launch = build_launch(cfg, str(run_dir))
     files = run_dir_files(plan, launch, overrides)
     executable = [LAUNCH_SCRIPT]
     if checked.target == "submit":

@@ -17,7 +17,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.validate import Checked
 from launcher.engines import engine_of
 from launcher.estimator.flops import flops_per_token, peak_flops_per_device
-from launcher.run.command import Launch, build_launch, render_argv, render_command
+from launcher.run.command import Launch, render_argv, render_command
 from launcher.rundir.records import PlanRecord
 
 
@@ -57,10 +57,6 @@ def _chosen_estimate(checked: Checked) -> dict[str, Any] | None:
     row = est.row(checked.cfg.strategy.name) if est is not None else None
     return None if est is None or row is None else {
         **asdict(row), "params": est.params, "flops": est.flops}
-
-
-def plan_launch(plan: Plan, run_dir: Path) -> Launch:
-    return build_launch(plan.cfg, str(run_dir))
 
 
 def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str, str]:

@@ -20,8 +20,8 @@ TORCHRUN_LOGS = ["--redirects", "3", "--tee", "0:3"]
 DS_TAIL = ["--no_local_rank", "--enable_each_rank_log", f"{RUN_DIR}/logs", *WORKER]
 
 
-def launch_for(*overrides: str, run_dir: str = RUN_DIR, **kwargs: object) -> Launch:
-    return build_launch(compose_config(list(overrides)), run_dir, **kwargs)
+def launch_for(*overrides: str, run_dir: str = RUN_DIR) -> Launch:
+    return build_launch(compose_config(list(overrides)), run_dir)
 
 
 def test_torchrun_one_node_eight_gpus() -> None:
@@ -45,13 +45,6 @@ def test_torchrun_two_nodes_uses_c10d_and_shell_placeholders() -> None:
     assert launch.shell_vars == ("FTL_HEAD_NODE", "FTL_NODE_RANK")
 
 
-def test_torchrun_two_nodes_with_known_head_and_rank_are_literals() -> None:
-    launch = launch_for("cluster=slurm", "cluster.nodes=2", *GPU8, head_node="gpu-a", node_rank="1")
-    assert "gpu-a:29500" in launch.argv
-    assert f"{RUN_DIR}/logs/node-1" in launch.argv
-    assert launch.shell_vars == ()
-
-
 def test_deepspeed_one_node_eight_gpus() -> None:
     launch = launch_for("cluster.launcher=deepspeed", "cluster.master_port=29700", *GPU8)
     assert launch.argv == [
@@ -72,19 +65,6 @@ def test_deepspeed_two_nodes_on_slurm_is_one_no_ssh_launcher_per_node() -> None:
     assert launch.hostfile == "node0 slots=8\nnode1 slots=8\n"
 
 
-def test_deepspeed_no_ssh_uses_given_hosts_path_and_values() -> None:
-    launch = launch_for(
-        "cluster=slurm", "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8,
-        hosts=["gpu-a", "gpu-b"], head_node="gpu-a", node_rank="0", hostfile_path="/tmp/hf",
-    )
-    assert launch.hostfile == "gpu-a slots=8\ngpu-b slots=8\n"
-    argv = launch.argv
-    assert argv[argv.index("--hostfile") + 1] == "/tmp/hf"
-    assert argv[argv.index("--node_rank") + 1] == "0"
-    assert argv[argv.index("--master_addr") + 1] == "gpu-a"
-    assert launch.shell_vars == ()
-
-
 def test_deepspeed_two_nodes_local_uses_the_users_hostfile() -> None:
     launch = launch_for(
         "cluster.launcher=deepspeed", "cluster.nodes=2", "cluster.hostfile=/etc/ds/hosts", *GPU8
@@ -94,17 +74,6 @@ def test_deepspeed_two_nodes_local_uses_the_users_hostfile() -> None:
         "--master_port", "29500", *DS_TAIL,
     ]
     assert (launch.per_node, launch.hostfile) == (False, None)
-
-
-def test_deepspeed_two_nodes_local_writes_hostfile_from_hosts() -> None:
-    launch = launch_for(
-        "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8, hosts=["w0", "w1"]
-    )
-    assert launch.hostfile == "w0 slots=8\nw1 slots=8\n"
-    assert launch.argv == [
-        "deepspeed", "--hostfile", f"{RUN_DIR}/hostfile", "--num_nodes", "2",
-        "--num_gpus", "8", "--master_addr", "w0", "--master_port", "29500", *DS_TAIL,
-    ]
 
 
 def test_deepspeed_two_nodes_local_without_hosts_is_refused_by_validation() -> None:

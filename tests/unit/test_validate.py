@@ -14,7 +14,8 @@ from launcher.config.compose import compose_config
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.validate import Target, validate
 from launcher.errors import ConfigError
-from launcher.run.planner import make_plan, plan_launch
+from launcher.run.command import build_launch
+from launcher.run.planner import make_plan
 from launcher.rundir import write_complete_marker
 
 
@@ -86,7 +87,7 @@ def test_local_multi_node_with_deepspeed_hostfile_is_allowed(tmp_path: Path) -> 
     hostfile.write_text("worker-1 slots=2\nworker-2 slots=2  # second node\n")
     cfg = compose_config(["cluster.nodes=2", "cluster.launcher=deepspeed",
                           f"cluster.hostfile={hostfile}", f"run.output_dir={tmp_path}"])
-    launch = plan_launch(make_plan(validate(cfg, "train")), tmp_path / "run")
+    launch = build_launch(make_plan(validate(cfg, "train")).cfg, str(tmp_path / "run"))
     # one deepspeed on this machine, starting both nodes from the user's own file
     assert launch.argv[:5] == ["deepspeed", "--hostfile", str(hostfile), "--num_nodes", "2"]
     assert launch.hostfile is None and not launch.per_node
