@@ -67,7 +67,7 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
             f"strategy={plan.cfg.strategy.name}: not a DeepSpeed strategy, so there is no "
             f"ds_config. Fix: strategy= one of {names}."
         )
-    text = json.dumps(plan.settings, indent=2, sort_keys=True) + "\n"
+    text = rundir.json_text(plan.settings)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")

@@ -167,11 +167,11 @@ def encode_splits(
         datasets.disable_progress_bars()
     train_rows, eval_rows, source = split_records(cfg)
     encoder = encoder_for(cfg, tokenizer, train_rows.column_names)
-    train = encode(train_rows, encoder, source, num_proc(cfg, len(train_rows)), progress)
+    train = encode(train_rows, encoder, source, num_proc(cfg, len(train_rows)))
     evaluation = None
     if eval_rows is not None:
         eval_source = cfg.dataset.eval_path or f"{source} (held out)"
-        evaluation = encode(eval_rows, encoder, eval_source, None, progress)
+        evaluation = encode(eval_rows, encoder, eval_source, None)
     if cfg.dataset.packing:
         train = pack(train, cfg.dataset.max_length)
         evaluation = pack(evaluation, cfg.dataset.max_length) if evaluation else None
@@ -179,9 +179,7 @@ def encode_splits(
     return train, evaluation
 
 
-def encode(
-    records: Dataset, encoder: Encoder, source: str, processes: int | None, progress: bool
-) -> Dataset:
+def encode(records: Dataset, encoder: Encoder, source: str, processes: int | None) -> Dataset:
     """input_ids and labels per row; DataError naming the row on a bad one."""
     try:
         encoded = records.map(

@@ -204,7 +204,7 @@ def rank_datasets(
               f"in {directory}", flush=True)
     else:
         prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
-                            failed=lambda: _first_line(rank0_error))
+                            failed=lambda: _last_line(rank0_error))
     train = load_rows(Path(prepared.train))
     return train, load_rows(Path(prepared.eval)) if prepared.eval else None
 
@@ -248,7 +248,7 @@ def load_rows(split: Path) -> ArrowRows:
     return ArrowRows(pa.concat_tables(tables))
 
 
-def _first_line(path: Path) -> str | None:
+def _last_line(path: Path) -> str | None:
     if not path.is_file():
         return None
     lines = path.read_text().strip().splitlines()

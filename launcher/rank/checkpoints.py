@@ -49,7 +49,7 @@ def checkpoint_world_size(checkpoint: Path) -> int | None:
     return marker.world_size if marker else None
 
 
-def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path | None:
+def latest_in_earlier_runs(run_root: Path) -> Path | None:
     """The newest complete checkpoint of earlier, unfinished launches of a run name
     (outputs/<run.name>/<timestamp>/checkpoints): what run.resume=auto continues from when
     `ftl train` is run again after a crash. A finished run (it wrote result.json) ends the
@@ -57,7 +57,7 @@ def latest_in_earlier_runs(run_root: Path, exclude: Path | None = None) -> Path 
     Timestamps sort by name."""
     if not run_root.is_dir():
         return None
-    runs = sorted((p for p in run_root.iterdir() if p.is_dir() and p != exclude), reverse=True)
+    runs = sorted((p for p in run_root.iterdir() if p.is_dir()), reverse=True)
     for run in (RunDir(path) for path in runs):
         if run.result.exists():
             return None

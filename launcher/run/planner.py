@@ -3,7 +3,6 @@ FSDP settings, and the text of every run-dir file. Pure: no I/O."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
@@ -63,14 +62,14 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     """Every file of the run dir, as text (the worker reads config.yaml and the settings)."""
     files = {
         rundir.CONFIG: OmegaConf.to_yaml(OmegaConf.structured(plan.cfg)),
-        rundir.PLAN: _dump(plan_record(plan, launch, overrides).to_dict()),
+        rundir.PLAN: rundir.json_text(plan_record(plan, launch, overrides).to_dict()),
         rundir.LAUNCH_SCRIPT: launch_script(launch, overrides),
     }
     if plan.settings is not None and plan.settings_file is not None:
-        files[plan.settings_file] = _dump(plan.settings)
+        files[plan.settings_file] = rundir.json_text(plan.settings)
     universal = _universal_settings(plan)
     if universal is not None:
-        files[universal[0]] = _dump(universal[1])
+        files[universal[0]] = rundir.json_text(universal[1])
     if launch.hostfile is not None:
         files[rundir.HOSTFILE] = launch.hostfile
     if plan.resume_from is not None:
@@ -133,7 +132,7 @@ def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
         parts += ["", "# estimate (per GPU)", _render_estimate(plan.estimate)]
     if plan.settings is not None:
         parts += ["", f"# {cfg.strategy.backend} settings ({plan.settings_file})",
-                  _dump(plan.settings).rstrip()]
+                  rundir.json_text(plan.settings).rstrip()]
     parts += ["", f"# launch ({cfg.world_size} processes on {cfg.cluster.nodes} node(s))"]
     if launch.per_node:
         needed = " ".join(f"{name}=..." for name in launch.shell_vars)
@@ -161,7 +160,3 @@ def _render_estimate(row: dict[str, Any]) -> str:
         text += "\nmodel construction peaks above training: " + (
             f"{row['moments']['construction'] / gib:.2f} GiB")
     return text
-
-
-def _dump(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"

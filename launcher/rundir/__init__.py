@@ -64,6 +64,12 @@ TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
 
 
+def json_text(data: dict[str, Any]) -> str:
+    """A plan or settings file's text: sorted keys, indent 2, a trailing newline (small
+    diffs between runs)."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def job_script_name(scheduler: str) -> str:
     """job.slurm, job.pbs, ...: one batch script per scheduler kind."""
     return f"job.{scheduler}"

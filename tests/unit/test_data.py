@@ -74,7 +74,7 @@ def encoded(tok: Any, path: Path, overrides: list[str]) -> Any:
     records = data.load_records(str(path), cfg.dataset.format,
                                 dataclasses.asdict(cfg.dataset.columns))
     encoder = data.encoder_for(cfg, tok, records.column_names)
-    return data.encode(records, encoder, str(path), None, progress=False)
+    return data.encode(records, encoder, str(path), None)
 
 
 # ------------------------------------------------------------------------- loading formats

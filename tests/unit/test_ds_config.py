@@ -16,11 +16,11 @@ from launcher.engines.deepspeed.ds_config import (
     PRECISIONS,
     build_ds_config,
     deepspeed_strategies,
-    dump_ds_config,
     reference_config,
 )
 from launcher.engines.deepspeed.ds_config import main as ds_config_main
 from launcher.rank.extensions import use_own_build_cache
+from launcher.rundir import json_text
 
 DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
 GPU = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
@@ -115,7 +115,7 @@ def test_checked_in_files_match_the_generator(tmp_path: Path) -> None:
 
 
 def test_files_are_stable_json() -> None:
-    text = dump_ds_config({"b": 1, "a": {"d": 2, "c": 3}})
+    text = json_text({"b": 1, "a": {"d": 2, "c": 3}})
     assert text == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
 
 

@@ -139,7 +139,7 @@ def encoded(cfg: Any, tok: Any, rows: list[dict]) -> tuple[list[dict], Encoder]:
 
     records = Dataset.from_list(rows)
     encoder = data.encoder_for(cfg, tok, records.column_names)
-    return list(data.encode(records, encoder, "mem.jsonl", None, False)), encoder
+    return list(data.encode(records, encoder, "mem.jsonl", None)), encoder
 
 
 def token_ranges(tok: Any, ids: list[int]) -> list[tuple[int, int]]:
@@ -216,7 +216,7 @@ def test_chat_file_keeping_its_turns_in_conversations_loads_and_encodes(tmp_path
     train, held_out, _ = data.split_records(cfg)
     assert held_out is None and len(train) == 2
     encoder = data.encoder_for(cfg, base_tok, train.column_names)
-    first, second = data.encode(train, encoder, str(path), None, False)
+    first, second = data.encode(train, encoder, str(path), None)
     assert trained(base_tok, first) == "three</s>four, of course.</s>"
     assert trained(base_tok, second) == "Hello there!</s>"
 
@@ -333,7 +333,7 @@ def test_encode_refuses_data_where_every_row_is_dropped(base_tok):
     encoder = data.encoder_for(config("prompt_completion", "dataset.max_length=16"), base_tok,
                                records.column_names)
     with pytest.raises(DataError, match=r"dataset\.max_length=16") as err:
-        data.encode(records, encoder, "long.jsonl", None, False)
+        data.encode(records, encoder, "long.jsonl", None)
     assert "long.jsonl" in str(err.value)
 
 
@@ -377,7 +377,7 @@ def test_template_that_is_not_prefix_consistent_is_refused_with_the_row(base_tok
     with pytest.raises(RowError, match=r"^row 7: .*prefix"):
         encoder.encode({"messages": [good, CONVERSATION]}, [6, 7])
     with pytest.raises(DataError) as err:
-        data.encode(records, encoder, "convs.jsonl", None, False)
+        data.encode(records, encoder, "convs.jsonl", None)
     message = str(err.value)
     assert "convs.jsonl" in message and re.search(r"\brow 1\b", message), message
     assert "prefix" in message and "dataset.template=builtin" in message
@@ -390,7 +390,7 @@ def test_template_raise_exception_is_reported_with_the_row(base_tok):
     records = Dataset.from_list([{"messages": SHORT}, {"messages": CONVERSATION}])
     encoder = data.encoder_for(config("chat"), tok, records.column_names)
     with pytest.raises(DataError) as err:
-        data.encode(records, encoder, "convs.jsonl", None, False)
+        data.encode(records, encoder, "convs.jsonl", None)
     message = str(err.value)
     assert re.search(r"\brow 1\b", message), message
     assert "system turns are not supported by this model" in message

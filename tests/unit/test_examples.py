@@ -83,7 +83,7 @@ def test_a_prompt_is_the_text_training_put_before_the_answer(tokenizer: Any) -> 
     preceded the trained answer in its training example."""
     rows = loading.load_records(CFG.dataset.eval_path, "alpaca")
     encoder = loading.encoder_for(CFG, tokenizer, rows.column_names)
-    encoded = loading.encode(rows.select(range(5)), encoder, "eval", None, progress=False)
+    encoded = loading.encode(rows.select(range(5)), encoder, "eval", None)
     for (messages, answer), ids, labels in zip(examples.held_out_prompts(CFG, 5),
                                                encoded["input_ids"], encoded["labels"],
                                                strict=True):

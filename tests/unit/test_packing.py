@@ -37,7 +37,7 @@ def encode_texts(tok: Any, texts: list[str], max_length: int = MAX_LENGTH) -> An
     encoder = Encoder(tokenizer=tok, fmt="text", columns=column_map("text", {}), template="",
                       max_length=max_length)
     return data.encode(Dataset.from_list([{"text": t} for t in texts]), encoder, "mem.jsonl",
-                       None, False)
+                       None)
 
 
 def varied_texts(count: int, seed: int = 0) -> list[str]:

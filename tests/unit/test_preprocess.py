@@ -174,7 +174,7 @@ def test_wait_ends_on_rank_0_failure_and_on_timeout(tmp_path):
     error_file = tmp_path / "rank0.error"
     error_file.write_text("Traceback ...\nDataError: bad row 7\n")
     with pytest.raises(DataError, match="rank 0 failed .*bad row 7"):
-        preprocess.wait_for(tmp_path / "never", 60, lambda: preprocess._first_line(error_file))
+        preprocess.wait_for(tmp_path / "never", 60, lambda: preprocess._last_line(error_file))
     with pytest.raises(DataError, match="dataset.wait_timeout_s"):
         preprocess.wait_for(tmp_path / "never", 0.0, lambda: None)
 

@@ -33,12 +33,6 @@ def test_a_finished_launch_ends_the_search(tmp_path: Path) -> None:
     assert latest_in_earlier_runs(tmp_path) is None
 
 
-def test_the_new_run_dir_itself_is_excluded(tmp_path: Path) -> None:
-    new = tmp_path / "20260105-000000"
-    checkpoint(new, 2)
-    assert latest_in_earlier_runs(tmp_path, exclude=new) is None
-
-
 def test_own_checkpoints_come_before_the_recorded_earlier_one(tmp_path: Path) -> None:
     earlier = checkpoint(tmp_path / "20260101-000000", 4)
     run = tmp_path / "20260102-000000"

@@ -28,7 +28,6 @@ transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from launcher.config.schema import PrecisionConfig, RunConfig
 from launcher.config.strategies import concrete_strategies
 from launcher.engines import of_engine
 from launcher.estimator.flops import count_params
+from launcher.rundir import json_text
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 MIN_BUCKET_ELEMENTS = 2**20
@@ -179,11 +179,6 @@ def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
     }
 
 
-def dump_ds_config(ds: dict[str, Any]) -> str:
-    """The file text: stable (sorted keys, indent 2, trailing newline) so diffs stay small."""
-    return json.dumps(ds, indent=2, sort_keys=True) + "\n"
-
-
 def deepspeed_strategies() -> tuple[str, ...]:
     return of_engine(concrete_strategies(), "deepspeed")
 
@@ -202,7 +197,7 @@ def reference_files() -> dict[str, str]:
     for strategy in deepspeed_strategies():
         for precision in PRECISIONS:
             ds = build_ds_config(reference_config(strategy, precision))
-            files[f"{strategy}_{precision}.json"] = dump_ds_config(ds)
+            files[f"{strategy}_{precision}.json"] = json_text(ds)
     return files
 
 
