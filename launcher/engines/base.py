@@ -79,6 +79,10 @@ class Engine:
     def prepare_rank(self, cfg: RunConfig) -> None:
         """Before anything is imported or built on a rank."""
 
+    def release_rank(self) -> None:
+        """What a rank must free on its way out, however it leaves (the worker's finally,
+        its normal exit, the hang watchdog's exit)."""
+
     def process_group_backend(self, on_cpu: bool) -> str:
         """The default process group's backend, which the ranks create themselves
         (launcher/rank/startup.py) before accelerate, which then uses it."""

@@ -5,7 +5,6 @@ names. Nothing here exists for tests: they inject their probes through `train.ca
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import logging
 import os
@@ -19,9 +18,11 @@ import torch.distributed as dist
 from launcher import timing
 from launcher.config.compose import load_run_config
 from launcher.config.hardware import gpu_preset
+from launcher.config.schema import RunConfig
 from launcher.data.encode import adopt_chat_template
 from launcher.data.preprocess import rank_builds_data, rank_datasets
 from launcher.engines import engine_of
+from launcher.engines.base import Engine
 from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
@@ -38,33 +39,22 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m launcher.rank.worker RUN_DIR", file=sys.stderr)
         return 2
     run_dir = RunDir(Path(args[0]).resolve())
+    engine: Engine | None = None
     try:
-        train(run_dir)
+        cfg = load_run_config(run_dir.config)
+        engine = engine_of(cfg.strategy)
+        train(run_dir, cfg, engine)
     except BaseException:
         write_error(run_dir, traceback.format_exc())
         raise
     finally:
-        release_deepspeed_shm()
+        if engine is not None:
+            engine.release_rank()
     return 0
 
 
-def release_deepspeed_shm() -> None:
-    """DeepSpeed's CPU all-reduce (ops/csrc/cpu/comm/shm.cpp) creates one ~66 MB POSIX
-    shared-memory segment per rank, named after the user, MASTER_ADDR, MASTER_PORT and the
-    rank, and never unlinks it: /dev/shm is RAM, and 226 of them (15 GB) had piled up on
-    the test machine. Each rank removes its own when it leaves; a peer's mapping stays
-    valid until that peer exits. Nothing to do when DeepSpeed never created one."""
-    env = os.environ
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
-            f"{env.get('MASTER_PORT', '')}_{env.get('RANK', '0')}")
-    with contextlib.suppress(OSError):
-        (Path("/dev/shm") / name).unlink()
-
-
-def train(run_dir: RunDir) -> NoReturn:
-    cfg = load_run_config(run_dir.config)
+def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    engine = engine_of(cfg.strategy)
     engine.prepare_rank(cfg)
     rank = int(os.environ.get("RANK", "0"))
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
@@ -85,7 +75,7 @@ def train(run_dir: RunDir) -> NoReturn:
     # its set-up and the first step are under train.first_step_timeout_s).
     watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
                               cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
-                              cleanup=release_deepspeed_shm)
+                              cleanup=engine.release_rank)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
     # Within cluster.startup_timeout_s, or an error naming the ranks that never came;
@@ -125,7 +115,7 @@ def train(run_dir: RunDir) -> NoReturn:
         # state to continue from; the final eval and model belong to the finished run.
         print(f"[ftl] stopped at step {trainer.state.global_step}; resume continues", flush=True)
         close_runs(finished=False)
-        finish()
+        finish(engine)
     memtrace.PHASES.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
@@ -142,17 +132,17 @@ def train(run_dir: RunDir) -> NoReturn:
         run_dir.write_result(result)
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     close_runs(finished=True)
-    finish()
+    finish(engine)
 
 
 BARRIER_STACKS_AFTER_S = 600.0
 """A final barrier this long gets every thread's stack written to the rank's stderr."""
 
 
-def finish() -> NoReturn:
+def finish(engine: Engine) -> NoReturn:
     """Leave once every file is written: a barrier (every rank is done; not cut short, as
     rank 0 may still save a large model, but its stacks go to stderr after
-    BARRIER_STACKS_AFTER_S), this rank's DeepSpeed shared memory, then os._exit from inside
+    BARRIER_STACKS_AFTER_S), the engine's per-rank resources, then os._exit from inside
     train(). Returning freed the trainer, and the last reference to DDP's reducer destroyed
     its gloo group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
     destructor) with result.json written and the run never ending (docs/stack-notes.md)."""
@@ -160,7 +150,7 @@ def finish() -> NoReturn:
         faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
         dist.barrier()
         faulthandler.cancel_dump_traceback_later()
-    release_deepspeed_shm()
+    engine.release_rank()
     exit_now(0)
 
 

@@ -67,7 +67,7 @@ class Run:
     output: str
     shm_left: set[Path] = field(default_factory=set)
     """DeepSpeed all-reduce segments in /dev/shm that appeared during the launch and are
-    still there after it (launcher/worker.release_deepspeed_shm removes them)."""
+    still there after it (DeepSpeedEngine.release_rank removes them)."""
 
     @property
     def result(self) -> dict[str, Any]:

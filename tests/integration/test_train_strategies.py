@@ -142,7 +142,7 @@ def test_strategy_trains_sharded_and_saves_a_loadable_model(
     assert_saved_model_reproduces_logits(run, precision)
     if launcher == "deepspeed":
         # DeepSpeed's CPU all-reduce makes a ~66 MB /dev/shm segment per rank and never
-        # removes it (launcher/worker.release_deepspeed_shm does): RAM that piled up run
+        # removes it (DeepSpeedEngine.release_rank does): RAM that piled up run
         # after run. The deepspeed launcher sets the LOCAL_SIZE that turns that path on.
         assert run.shm_left == set(), run.shm_left
 
