@@ -85,7 +85,7 @@ def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
     _, evaluation, source = split_records(cfg)
     assert evaluation is not None  # check_request refuses a config without an eval split
     encoder = encoder_for(cfg, tokenizer, evaluation.column_names)
-    rows = list(encode(evaluation, encoder, f"{source} (eval)", None, progress=False))
+    rows = list(encode(evaluation, encoder, f"{source} (eval)", None))
     collate = collator(tokenizer)
     return [collate(rows[i:i + EVAL_BATCH]) for i in range(0, len(rows), EVAL_BATCH)]
 

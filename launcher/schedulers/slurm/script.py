@@ -92,7 +92,7 @@ def render_sbatch(
     cfg: RunConfig, run_dir: str | Path, launch: Launch, tool_dir: str | Path | None = None
 ) -> str:
     """The whole job script; pure (the snapshot tests rely on it). launch: the per-node
-    command (planner.plan_launch). tool_dir: prepended to PATH (the submitting venv's bin,
+    command (command.build_launch). tool_dir: prepended to PATH (the submitting venv's bin,
     where torchrun and deepspeed live); cluster.setup lines run after it and may replace it."""
     run_dir = str(run_dir)
     q = shlex.quote
