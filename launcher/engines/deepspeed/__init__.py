@@ -141,9 +141,8 @@ class DeepSpeedEngine(Engine):
         return kwargs
 
     def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
-        if not (on_cpu and cfg.precision.name == "bf16"):
-            return super().training_arguments(kwargs, cfg, on_cpu)
-        with _bf16_check_asks_deepspeed():
+        bf16_on_cpu = on_cpu and cfg.precision.name == "bf16"
+        with _bf16_check_asks_deepspeed() if bf16_on_cpu else contextlib.nullcontext():
             return super().training_arguments(kwargs, cfg, on_cpu)
 
     def resume_source(self, cfg: RunConfig, run_dir: RunDir,
