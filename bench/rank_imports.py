@@ -1,5 +1,6 @@
 """Per-rank import phase: CPU seconds (user+sys) and wall of imports.import_stack, as a rank
-that does not tokenize runs it, and which heavy modules it loaded.
+that does not tokenize runs it, and which heavy modules it loaded (any checkout: the
+builds_data argument existed while the ranks hid unused libraries).
 Usage (from a checkout): python bench/rank_imports.py [overrides...]"""
 
 import os
@@ -25,7 +26,7 @@ cfg = compose_config(sys.argv[1:])
 cpu0, wall0 = cpu_s(), time.time()
 try:
     imports.import_stack(cfg, builds_data=False)
-except TypeError:  # before this change: import_stack(cfg)
+except TypeError:  # since the sys.modules hiding went: import_stack(cfg)
     imports.import_stack(cfg)
 loaded = [m for m in WATCH if sys.modules.get(m)]
 print(f"cpu {cpu_s() - cpu0:.2f} wall {time.time() - wall0:.2f} {loaded}")

@@ -194,7 +194,7 @@ def wait_for(directory: Path, timeout_s: float, failed: Callable[[], str | None]
 
 def rank_datasets(
     cfg: RunConfig, directory: Path, tokenizer: Any, rank: int, rank0_error: Path
-) -> tuple[ArrowRows, ArrowRows | None]:
+) -> tuple[Dataset, Dataset | None]:
     """This rank's train and eval sets: rank 0 builds them when nobody has (before any
     process group exists), the others wait for rank 0's directory or its error file."""
     if rank == 0:
@@ -205,47 +205,10 @@ def rank_datasets(
     else:
         prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
                             failed=lambda: _last_line(rank0_error))
-    train = load_rows(Path(prepared.train))
-    return train, load_rows(Path(prepared.eval)) if prepared.eval else None
+    from datasets import load_from_disk  # mapped, not read: the ranks share the page cache
 
-
-def rank_builds_data(directory: Path, rank: int) -> bool:
-    """Whether this rank may have to tokenize (and so needs `datasets`): rank 0 when the
-    directory is not complete yet. The others only ever read a finished one."""
-    return rank == 0 and read_prepared(directory) is None
-
-
-class ArrowRows:
-    """A finished split read with pyarrow alone: the rows as dicts of lists, as the
-    collator takes them. Ranks load the tokenized data with it instead of
-    `datasets.load_from_disk`, so a rank that does not tokenize needs no `datasets` import
-    (~0.5-1 s of CPU per rank with pandas, docs/stack-notes.md "Import costs")."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-        self.column_names: list[str] = list(table.column_names)
-
-    def __len__(self) -> int:
-        return int(self.table.num_rows)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        return self.table.slice(index % len(self), 1).to_pylist()[0]
-
-
-def load_rows(split: Path) -> ArrowRows:
-    """A `save_to_disk` directory: state.json lists its Arrow stream files in order (it
-    writes the rows themselves, never an indices mapping)."""
-    import pyarrow as pa
-
-    state = json.loads((split / "state.json").read_text())
-    tables = []
-    for entry in state["_data_files"]:
-        # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
-        source = pa.memory_map(str(split / entry["filename"]))
-        tables.append(pa.ipc.open_stream(source).read_all())
-    return ArrowRows(pa.concat_tables(tables))
+    train = load_from_disk(prepared.train)
+    return train, load_from_disk(prepared.eval) if prepared.eval else None
 
 
 def _last_line(path: Path) -> str | None:

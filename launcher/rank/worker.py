@@ -20,7 +20,7 @@ from launcher.config.compose import load_run_config
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.data.encode import adopt_chat_template
-from launcher.data.preprocess import rank_builds_data, rank_datasets
+from launcher.data.preprocess import rank_datasets
 from launcher.engines import engine_of
 from launcher.engines.base import Engine
 from launcher.rank import imports, memtrace
@@ -59,8 +59,7 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     rank = int(os.environ.get("RANK", "0"))
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
-    # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
-    imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
+    imports.import_stack(cfg)  # start-up phases: the imports on their own
     memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
     from transformers.utils import logging as hf_logging  # after import_stack
     # Loading/saving bars from every rank garble the launcher's console; MetricsCallback

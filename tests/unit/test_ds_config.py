@@ -473,7 +473,7 @@ cfg = compose_config([f"strategy={sys.argv[1]}", "cluster.gpu=a100-80g",
                       "cluster.gpus_per_node=1", "train.lr=1e-3", "train.weight_decay=0.01"])
 from launcher.rank.imports import import_stack
 
-import_stack(cfg)  # a rank's imports: none of peft, bitsandbytes, datasets (~4 s of CPU)
+import_stack(cfg)  # a rank's imports
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 t, m = cfg.train, cfg.model

@@ -218,23 +218,3 @@ def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     assert Path(built[0].train).parent.name == Path(built[1].train).parent.name  # same key
     first, second = (load_from_disk(b.train) for b in built)
     assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
-
-
-def test_ranks_read_the_same_rows_without_datasets(tmp_path):
-    """preprocess.load_rows (pyarrow alone) gives the rows `datasets.load_from_disk` gives,
-    packed (position_ids) and held-out splits included."""
-    from datasets import load_from_disk
-
-    cfg = config(tmp_path, small_data(tmp_path), "dataset.packing=true",
-                 "dataset.max_length=128", "train.micro_batch_size=2")
-    prepared = preprocess.ensure_prepared(cfg, preprocess.data_dir(cfg), progress=False)
-    for split in (prepared.train, prepared.eval):
-        assert split is not None
-        rows, reference = preprocess.load_rows(Path(split)), load_from_disk(split)
-        assert rows.column_names == reference.column_names
-        assert "position_ids" in rows.column_names
-        assert len(rows) == len(reference)
-        assert [rows[i] for i in range(len(rows))] == list(reference)
-        assert rows[-1] == reference[len(reference) - 1]
-        with pytest.raises(IndexError):
-            rows[len(rows)]
