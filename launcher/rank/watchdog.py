@@ -1,11 +1,8 @@
-"""The hang watchdog: a rank that makes no progress within its bound writes where it is
-(RUN_DIR/hang/: every thread's stack, NCCL's flight recorder, a HangRecord) and ends with
-HUNG_EXIT, instead of waiting in a collective until torch's own timeout.
-
-The bounds, the files, the peers' grace and who reads the records: docs/design.md, "Hangs
-and stragglers". The main thread may be blocked inside a C++ collective, so nothing here
-waits for it: the thread exits the process itself. Nothing runs per step but `beat`
-storing a float (callbacks/progress.py).
+"""The hang watchdog: a rank without progress within its bound writes where it is
+(RUN_DIR/hang/) and ends with HUNG_EXIT instead of waiting in a collective until torch's
+own timeout (docs/design.md, "Hangs and stragglers"). The main thread may be blocked in a
+C++ collective, so the watchdog's thread exits the process itself. Per step a rank pays
+one `beat`: storing a float.
 """
 
 from __future__ import annotations
@@ -60,11 +57,6 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="ftl-hang-watchdog",
                                         daemon=True)
 
-    @property
-    def poll_s(self) -> float:
-        """A twentieth of the step bound, between 0.1 and 5 s: the lateness of a firing."""
-        return min(5.0, max(0.1, self.step_bound_s / 20))
-
     def start(self) -> Watchdog:
         self._thread.start()
         return self
@@ -81,7 +73,8 @@ class Watchdog:
         return self.step_bound_s if self.stepped else self.first_bound_s
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        poll_s = min(5.0, max(0.1, self.step_bound_s / 20))  # how late a firing may come
+        while not self._stop.wait(poll_s):
             waited = self.clock() - self.last
             if waited >= self.bound_s() and not self._stop.is_set():
                 self.fire(waited)
@@ -145,10 +138,9 @@ def dump_flight_recorder(path: Path) -> str | None:
 
 def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s: float,
                    on_gpu: bool, cleanup: Callable[[], None] | None = None) -> Watchdog | None:
-    """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0).
-    Called before the process group exists: on GPUs it turns on the NCCL flight recorder,
-    read when a process group is created (unless the user set its size). `cleanup` runs
-    just before the exit (the worker's shared-memory release: os._exit skips its finally)."""
+    """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0); on
+    GPUs it turns on the NCCL flight recorder, read when the process group is created.
+    `cleanup` runs just before the exit (os._exit skips the worker's finally)."""
     if hang_timeout_s <= 0:
         return None
     if on_gpu and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
