@@ -59,28 +59,25 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     rank = int(os.environ.get("RANK", "0"))
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
-    # start-up phases: the imports on their own (`datasets` only where this rank tokenizes)
+    # the imports are a start-up phase of their own (`datasets` only where this rank tokenizes)
     imports.import_stack(cfg, builds_data=rank_builds_data(data_dir, rank))
-    memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
+    memtrace.start(on_cpu)  # from before the model exists
     from transformers.utils import logging as hf_logging  # after import_stack
-    # Loading/saving bars from every rank garble the launcher's console; MetricsCallback
-    # reports the steps (a rank that tokenizes turns off datasets' bars: data.encode_splits).
+    # Bars from every rank garble the launcher's console; MetricsCallback reports the steps.
     hf_logging.disable_progress_bar()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
     datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
     timing.mark("data_loaded")
-    # From here a rank without progress ends with its stacks (before the process group:
-    # its set-up and the first step are under train.first_step_timeout_s).
+    # From here a rank without progress ends with its stacks (the process group's set-up
+    # and the first step are under train.first_step_timeout_s).
     watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
                               cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
                               cleanup=engine.release_rank)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
-    # Within cluster.startup_timeout_s, or an error naming the ranks that never came;
-    # accelerate and DeepSpeed use this group.
-    join_world(cfg, run_dir)
+    join_world(cfg, run_dir)  # within cluster.startup_timeout_s; accelerate uses this group
     accelerator_config = setup_distributed(cfg, on_cpu)
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
@@ -135,19 +132,13 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     finish(engine)
 
 
-BARRIER_STACKS_AFTER_S = 600.0
-"""A final barrier this long gets every thread's stack written to the rank's stderr."""
-
-
 def finish(engine: Engine) -> NoReturn:
-    """Leave once every file is written: a barrier (every rank is done; not cut short, as
-    rank 0 may still save a large model, but its stacks go to stderr after
-    BARRIER_STACKS_AFTER_S), the engine's per-rank resources, then os._exit from inside
-    train(). Returning freed the trainer, and the last reference to DDP's reducer destroyed
-    its gloo group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
-    destructor) with result.json written and the run never ending (docs/stack-notes.md)."""
+    """Leave once every file is written: a barrier (not cut short: rank 0 may still save a
+    large model), the engine's per-rank resources, then os._exit from inside train():
+    returning freed the trainer, whose gloo group twice deadlocked in its destructor with
+    result.json written (docs/stack-notes.md)."""
     if dist.is_available() and dist.is_initialized():
-        faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
+        faulthandler.dump_traceback_later(600.0)  # a stuck barrier's stacks go to stderr
         dist.barrier()
         faulthandler.cancel_dump_traceback_later()
     engine.release_rank()
@@ -196,8 +187,7 @@ def write_error(run_dir: RunDir, text: str) -> None:
 
 def exit_now(code: int) -> None:
     """Leave without interpreter teardown once everything is written: teardown can still
-    abort ("terminate called without an active exception", SIGABRT, seen with DeepSpeed on
-    gloo even after barrier + destroy), which would turn a finished run into a failed one."""
+    abort (SIGABRT with DeepSpeed on gloo, docs/stack-notes.md), failing a finished run."""
     logging.shutdown()
     exit_without_teardown(code)
 
