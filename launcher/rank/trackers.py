@@ -1,12 +1,8 @@
-"""Experiment trackers on rank 0 (train.report_to): one tracker run per training run,
-continued by every launch that resumes it, with the run's facts as params.
-
-The logging itself is the HF Trainer's own integrations (TensorBoardCallback, WandbCallback,
-MLflowCallback); this module opens their runs before `trainer.train()`, records the ids in
-RUN_DIR/trackers.json, logs the run's facts (`TrackerParams`) and ends the runs before the
-worker's os._exit (no atexit hook runs there). How a resume finds its runs and why MLflow's
-run is started here: docs/design.md, "Trackers". Credentials and the tracking URI stay in
-the environment, read by the libraries; nothing here writes them anywhere.
+"""Experiment trackers on rank 0 (train.report_to): the HF Trainer's own integrations log;
+this module opens the wandb and MLflow runs before `trainer.train()` so every launch that
+resumes a run continues its tracker runs (ids in RUN_DIR/trackers.json), logs the run's
+facts (`TrackerParams`) and ends the runs before the worker's os._exit (no atexit hook runs
+there). Why and how: docs/design.md, "Trackers". Credentials stay in the environment.
 """
 
 from __future__ import annotations
@@ -28,9 +24,6 @@ from launcher.rundir import PlanRecord, RunDir, TrackerRuns
 
 OPENED = ("wandb", "mlflow")
 """The trackers whose runs this module opens (TensorBoard writes event files only)."""
-WANDB_PROJECT = "ftlaunch"
-"""wandb's project unless WANDB_PROJECT says otherwise (the integration's default is
-"huggingface")."""
 
 
 def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
@@ -71,7 +64,7 @@ def _open_wandb(run_id: str | None, run_dir: RunDir) -> str:
     os.environ["WANDB_RUN_ID"] = run_id
     os.environ["WANDB_RESUME"] = "allow"  # continue that id if it exists, else create it
     os.environ.setdefault("WANDB_DIR", str(run_dir.path))  # RUN_DIR/wandb/, not the cwd
-    os.environ.setdefault("WANDB_PROJECT", WANDB_PROJECT)
+    os.environ.setdefault("WANDB_PROJECT", "ftlaunch")  # the integration's: "huggingface"
     return run_id
 
 
@@ -132,14 +125,9 @@ class TrackerParams(TrainerCallback):
             return
         self.startup_logged = True  # this launch's first step: its start-up is complete
         startup = timing.rank_startup(str(self.run_dir.path))
-        log_params(self.runs, {f"{self.prefix}startup.{param_name(k)}": v
+        # `plan+run dir` -> `plan_run_dir`: MLflow refuses `+` in a param name
+        log_params(self.runs, {f"{self.prefix}startup.{k.replace('+', '_').replace(' ', '_')}": v
                                for k, v in startup.items()})
-
-
-def param_name(phase: str) -> str:
-    """A start-up phase as a key both trackers take: `plan+run dir` -> `plan_run_dir`
-    (MLflow refuses `+` in a param name)."""
-    return phase.replace("+", "_").replace(" ", "_")
 
 
 def run_params(cfg: RunConfig, plan: PlanRecord, world_size: int) -> dict[str, Any]:
