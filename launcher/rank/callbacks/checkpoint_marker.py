@@ -1,5 +1,4 @@
-"""A checkpoint counts once rank 0 has written its COMPLETE marker (launcher/rank/checkpoints.py),
-after every rank has finished its part; rank 0 also records the save's time and size."""
+"""The COMPLETE marker that makes a checkpoint count (launcher/rank/checkpoints.py)."""
 
 from __future__ import annotations
 
