@@ -27,7 +27,7 @@ from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.startup import collective_timeout, join_world
-from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
@@ -78,7 +78,9 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
     join_world(cfg, run_dir)  # within cluster.startup_timeout_s; accelerate uses this group
-    accelerator_config = setup_distributed(cfg, on_cpu)
+    if on_cpu:
+        keep_freed_memory()
+    accelerator_config = engine.setup_distributed(cfg, on_cpu)  # where accelerate errs on CPU
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
     collective_timeout(args.ddp_timeout)  # the start-up bound ends here
