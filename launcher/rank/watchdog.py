@@ -22,20 +22,16 @@ PEER_GRACE_S = 10.0
 """How long a rank whose watchdog ran out waits for the other ranks' records."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 """The Trainer's own ddp_timeout (TrainingArguments), the collectives' timeout."""
-COLLECTIVE_MARGIN_S = 300
-"""A collective times out this long after the watchdog's bound would have run out."""
-FLIGHT_RECORDER_ENTRIES = "2000"
-"""NCCL flight recorder ring size (TORCH_FR_BUFFER_SIZE) set on GPU ranks when unset."""
 
 
 def collective_timeout_s(hang_timeout_s: float, first_step_timeout_s: float) -> int:
-    """The process group's timeout (TrainingArguments.ddp_timeout): later than the
+    """The process group's timeout (TrainingArguments.ddp_timeout): 300 s after the
     watchdog's bounds, so a rank waiting in a collective for a hung peer is still there
     (its stack says so) when the watchdog runs out; the Trainer's default without one."""
     if hang_timeout_s <= 0:
         return DEFAULT_COLLECTIVE_TIMEOUT_S
     bound = max(hang_timeout_s, first_step_timeout_s)
-    return int(max(DEFAULT_COLLECTIVE_TIMEOUT_S, bound + COLLECTIVE_MARGIN_S))
+    return int(max(DEFAULT_COLLECTIVE_TIMEOUT_S, bound + 300))
 
 
 class Watchdog:
@@ -92,7 +88,9 @@ class Watchdog:
         print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
               f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
               f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
-        self.wait_for_peers()
+        deadline = self.clock() + PEER_GRACE_S  # the first rank to exit ends the others
+        while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
+            time.sleep(0.05)
         if self.cleanup is not None:
             self.cleanup()
         exit_now(HUNG_EXIT)
@@ -109,11 +107,6 @@ class Watchdog:
                                     round(waited, 3), self.bound_s(), time.time(),
                                     threading.main_thread().ident or 0, recorder))
         return str(files.hang_stacks(self.rank))
-
-    def wait_for_peers(self) -> None:
-        deadline = self.clock() + PEER_GRACE_S
-        while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
-            time.sleep(0.05)
 
 
 def dump_flight_recorder(path: Path) -> str | None:
@@ -144,7 +137,7 @@ def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s:
     if hang_timeout_s <= 0:
         return None
     if on_gpu and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
-        os.environ["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"  # the ring's entries
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Watchdog(run_dir, rank, world_size, hang_timeout_s, first_step_timeout_s,
