@@ -16,10 +16,8 @@ from pathlib import Path
 ENV = "TORCH_EXTENSIONS_DIR"
 CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
 """The DeepSpeed op builders a CPU machine loads: the shared-memory all-reduce (every
-DeepSpeed run) and DeepSpeedCPUAdam (a GPU preset's offload_optimizer file, as
-tests/unit/test_ds_config.py runs it). FusedAdam is left to first use: on CPU only a
-GPU-preset file without offload asks for it, and its CPU build is not the CUDA op a GPU
-run uses."""
+DeepSpeed run) and DeepSpeedCPUAdam (a GPU preset's offload_optimizer file). Not FusedAdam:
+on CPU only a GPU-preset file without offload asks for it, and its CPU build is no GPU's."""
 STALE_LOCK_S = 300.0
 """A build lock this old with no build running on this host is taken for a killed build's
 (building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""

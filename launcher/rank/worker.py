@@ -95,9 +95,10 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
-    from launcher.rank.callbacks.progress import ProgressBeat  # after import_stack
+    if watchdog is not None:  # first in line: its beat at a step end comes before any other's
+        from launcher.rank.callbacks.progress import ProgressBeat  # after import_stack
 
-    ProgressBeat.install(trainer, watchdog)
+        trainer.callback_handler.callbacks.insert(0, ProgressBeat(watchdog))
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
