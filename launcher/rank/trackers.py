@@ -42,8 +42,7 @@ def open_runs(cfg: RunConfig, run_dir: RunDir, resume: Path | None) -> TrackerRu
     if not names:
         return None
     # checkpoints/checkpoint-N -> its run dir; a checkpoint outside a run dir has no record
-    earlier = (RunDir(resume.parent.parent).read_trackers() if resume is not None else None)
-    earlier = earlier or TrackerRuns()
+    earlier = (RunDir(resume.parent.parent).read_trackers() if resume else None) or TrackerRuns()
     runs = TrackerRuns(
         wandb=_open_wandb(earlier.wandb, run_dir) if "wandb" in names else None,
         mlflow=_open_mlflow(earlier.mlflow, cfg) if "mlflow" in names else None,
@@ -99,10 +98,8 @@ def close_runs(finished: bool) -> None:
 
 
 class TrackerParams(TrainerCallback):
-    """Rank 0, into the runs `open_runs` opened: once per tracker run the resolved config
-    (its keys as typed: train.lr), strategy, world size and estimate (ftl.*); per launch N
-    its world size, first step and start-up seconds (ftl.launch.N.*: MLflow never changes
-    a logged param)."""
+    """Rank 0: the run's facts once per tracker run (the config's keys as typed, ftl.*), and
+    per launch N (ftl.launch.N.*: MLflow never changes a logged param)."""
 
     def __init__(self, cfg: RunConfig, plan: PlanRecord, run_dir: RunDir,
                  runs: TrackerRuns) -> None:

@@ -1,7 +1,4 @@
-"""One rank's Trainer: distributed state, TrainingArguments from the run dir, callbacks.
-
-The CPU workarounds are the ones measured in docs/stack-notes.md; each says why where it is.
-"""
+"""One rank's Trainer: TrainingArguments from the run dir, callbacks, the CPU heap."""
 
 from __future__ import annotations
 

@@ -14,10 +14,9 @@ from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
 
 
 class CheckpointCallback(TrainerCallback):
-    """Marks a checkpoint COMPLETE once every rank has written its part, and rank 0 records
-    how long the save took in metrics.jsonl ({"event": "save", "seconds", "bytes"}): the
-    Trainer saves right after a step's end, log and eval, so the save ran from the last of
-    those to the marker. `ftl submit` compares it with the signal's grace time."""
+    """Marks a checkpoint COMPLETE once every rank has written its part; rank 0 records the
+    save's seconds and bytes in metrics.jsonl, timed from the last step end, log or eval
+    (the Trainer saves right after them) to the marker."""
 
     def __init__(self, tp: int = 1, sp: int = 1) -> None:
         self.since = time.monotonic()
