@@ -173,13 +173,10 @@ def merge_lora_state_dict(
     copy: bool = True,
 ) -> dict[str, Any]:
     """PEFT LoRA state dict -> the base model's weights with W + scaling * B @ A.
-
     `base`: the base weights by their plain names; default: the (unquantized) base layers
-    in `state_dict`, names without `base_model.model.` and `.base_layer`. Each weight is
-    merged in place; `copy=False` when the base tensors are host tensors no one else uses
-    (a gathered state dict), so no second copy of the whole base is made first (rank 0
-    held the gathered base twice: ~13 GiB more for a 7B bf16 base).
-    """
+    in `state_dict`. Each weight is merged in place; `copy=False` when the base tensors are
+    host tensors no one else uses (a gathered state dict), so no second copy of the base is
+    made first (rank 0 held the gathered base twice: ~13 GiB more for a 7B bf16 base)."""
     if base is None:
         base = {
             key.removeprefix("base_model.model.").replace(".base_layer.", "."): value

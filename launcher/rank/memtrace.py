@@ -2,8 +2,8 @@
 
 GPU: torch.cuda's allocator statistics, the peak reset at each phase boundary. CPU: torch
 keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator with
-COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler, cached under
-FTL_CACHE_DIR or ~/.cache/ftlaunch, loaded with ctypes; +0.06-0.09 us per allocation).
+COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler into the cache, loaded
+with ctypes; +0.06-0.09 us per allocation).
 Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
 docs/memory-notes.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
@@ -134,12 +134,12 @@ def build_library() -> Path:
     return out
 
 
+@dataclass(frozen=True)
 class CpuTracker:
     """The counting allocator, installed as torch's CPU allocator for this process: live
     tensor bytes and their high-water mark since the last reset (as CudaTracker)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+    lib: ctypes.CDLL
 
     @classmethod
     def install(cls) -> CpuTracker:
