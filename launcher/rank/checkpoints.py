@@ -144,16 +144,16 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
 
 
 def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Whole weights on rank 0 (other ranks may get partial or empty dicts)."""
-    if trainer.is_deepspeed_enabled:
-        try:
-            return trainer.accelerator.get_state_dict(trainer.deepspeed)
-        except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
-            print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
-            return None
-    if trainer.is_fsdp_enabled:
-        return trainer.accelerator.get_state_dict(trainer.model)
-    return trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    """Whole weights on rank 0 (other ranks may get partial or empty dicts): accelerate
+    gathers ZeRO-3 (from the engine) and FSDP, and unwraps DDP."""
+    model = trainer.deepspeed if trainer.is_deepspeed_enabled else trainer.model
+    try:
+        return trainer.accelerator.get_state_dict(model)
+    except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
+        if not trainer.is_deepspeed_enabled:
+            raise
+        print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
+        return None
 
 
 def _read_safetensors(model_path: Path) -> dict[str, Any]:
