@@ -144,8 +144,7 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
 
 
 def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Whole weights on rank 0 (other ranks may get partial or empty dicts): accelerate
-    gathers ZeRO-3 (from the engine) and FSDP, and unwraps DDP."""
+    """Whole weights on rank 0, gathered by accelerate (other ranks may get partial dicts)."""
     model = trainer.deepspeed if trainer.is_deepspeed_enabled else trainer.model
     try:
         return trainer.accelerator.get_state_dict(model)
