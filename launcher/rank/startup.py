@@ -11,6 +11,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import groupby
 
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
@@ -175,16 +176,9 @@ def node_name() -> str:
 
 
 def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    if not numbers:
-        return "none"
-    spans: list[list[int]] = []
-    for number in numbers:
-        if spans and number == spans[-1][1] + 1:
-            spans[-1][1] = number
-        else:
-            spans.append([number, number])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    """[0, 1, 2, 5] -> '0-2, 5' (in a run of consecutive numbers, number - index is constant)."""
+    runs = [[n for _, n in run] for _, run in groupby(enumerate(numbers), lambda p: p[1] - p[0])]
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
 
 
 if __name__ == "__main__":
