@@ -11,11 +11,6 @@ from launcher.engines import engine_of
 from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
 
-MMAP_THRESHOLD_BYTES = 32 * 2**20
-"""glibc's largest M_MMAP_THRESHOLD (64-bit): every allocation below it from the heap."""
-TRIM_THRESHOLD_BYTES = 64 * 2**20
-"""Freed heap kept for reuse before it is returned to the system (2x, as glibc's own rule)."""
-
 
 def keep_freed_memory() -> None:
     """On CPU, keep the step's tensors' memory in the heap between steps (glibc malloc).
@@ -31,8 +26,8 @@ def keep_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)
-    mallopt(m_trim_threshold, TRIM_THRESHOLD_BYTES)
+    mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest (64-bit): all below from the heap
+    mallopt(m_trim_threshold, 64 * 2**20)  # freed heap kept for reuse: 2x, glibc's own rule
 
 
 def training_arguments(
