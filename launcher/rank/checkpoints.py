@@ -15,12 +15,10 @@ from typing import Any
 
 from launcher.rundir import COMPLETE_MARKER, RunDir, read_complete_marker
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-
 
 def checkpoint_step(path: Path) -> int | None:
     """N for a directory named checkpoint-N, else None."""
-    match = CHECKPOINT_PATTERN.match(path.name)
+    match = re.match(r"checkpoint-(\d+)$", path.name)
     return int(match.group(1)) if match else None
 
 

@@ -22,9 +22,6 @@ from launcher.config.schema import RunConfig
 from launcher.config.trackers import default_mlflow_uri, requested
 from launcher.rundir import PlanRecord, RunDir, TrackerRuns
 
-OPENED = ("wandb", "mlflow")
-"""The trackers whose runs this module opens (TensorBoard writes event files only)."""
-
 
 def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
            resume: Path | None) -> None:
@@ -38,7 +35,7 @@ def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
 
 
 def open_runs(cfg: RunConfig, run_dir: RunDir, resume: Path | None) -> TrackerRuns | None:
-    names = [name for name in requested(cfg) if name in OPENED]
+    names = [name for name in requested(cfg) if name in ("wandb", "mlflow")]  # not TensorBoard
     if not names:
         return None
     # checkpoints/checkpoint-N -> its run dir; a checkpoint outside a run dir has no record
