@@ -33,17 +33,11 @@ class CheckpointCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         barrier()  # every rank has returned from its part of the save
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_complete_marker(checkpoint, state.global_step, args.world_size,
-                                  self.tp, self.sp)
-            self._record(checkpoint, state.global_step)
+            write_complete_marker(checkpoint, state.global_step, args.world_size, self.tp, self.sp)
+            run_dir = RunDir(checkpoint.parent.parent)  # the Trainer's output_dir: checkpoints/
+            size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+            seconds = round(time.monotonic() - self.since, 3)
+            run_dir.append_metrics(MetricsEvent(
+                state.global_step, run_dir.current_launch(), time.time(), "save",
+                {"seconds": seconds, "bytes": size}, peak_memory_mib()))
         barrier()  # nobody resumes or reads the marker before it exists
-
-    def _record(self, checkpoint: Path, step: int) -> None:
-        """Like every metrics.jsonl line: step, launch (the launches.jsonl line this
-        launch wrote at train begin), time, peak memory."""
-        run_dir = RunDir(checkpoint.parent.parent)  # the Trainer's output_dir: checkpoints/
-        size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-        seconds = round(time.monotonic() - self.since, 3)
-        run_dir.append_metrics(MetricsEvent(
-            step, run_dir.current_launch(), time.time(), "save",
-            {"seconds": seconds, "bytes": size}, peak_memory_mib()))
