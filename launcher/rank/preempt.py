@@ -115,17 +115,11 @@ def _reason() -> str:
 def vote(flag: bool, interval: int) -> tuple[bool, int]:
     """One all-reduce (MAX) for both: stop if any rank saw the request, and the smallest
     proposed interval (the MAX of its negation). Every rank calls it at the same step."""
-    stop, negative = all_reduce([1 if flag else 0, -interval], dist.ReduceOp.MAX)
-    return bool(stop), max(1, -negative)
-
-
-def all_reduce(values: list[int], op: Any) -> list[int]:
-    """The integers reduced over every rank (as they are without a process group)."""
-    if not _distributed():
-        return values
-    tensor = torch.tensor(values, dtype=torch.int64, device=collective_device())
-    dist.all_reduce(tensor, op=op)
-    return [int(value) for value in tensor.tolist()]
+    value = torch.tensor([1 if flag else 0, -interval], dtype=torch.int64,
+                         device=collective_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    stop, negative = value.tolist()
+    return bool(stop), max(1, -int(negative))
 
 
 def _distributed() -> bool:

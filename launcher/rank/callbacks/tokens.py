@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rank.preempt import all_reduce
+from launcher.rank.preempt import collective_device
 
 
 class TokenCounter(TrainerCallback):
@@ -41,7 +42,11 @@ class TokenCounter(TrainerCallback):
 
     def sync(self, state: TrainerState) -> None:
         """Add every rank's tokens counted since the last sync (all ranks call it)."""
-        (total,) = all_reduce([self.pending], dist.ReduceOp.SUM)
+        total = self.pending
+        if dist.is_available() and dist.is_initialized():
+            value = torch.tensor(self.pending, dtype=torch.int64, device=collective_device())
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            total = int(value.item())
         state.num_input_tokens_seen = (state.num_input_tokens_seen or 0) + total
         self.pending = 0
 
