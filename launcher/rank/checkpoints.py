@@ -1,10 +1,9 @@
 """Which checkpoint a run resumes from and what makes one complete: its COMPLETE marker,
-which rank 0 writes after every rank has written its part (callbacks/checkpoint_marker.py),
-so a crash in the middle of a save never leaves a checkpoint to resume from. Then the final
-model (RUN_DIR/model), a plain HF directory whatever the strategy.
+written by rank 0 once every rank has written its part (callbacks/checkpoint_marker.py).
+Then the final model (RUN_DIR/model), a plain HF directory whatever the strategy.
 
 No torch import at module level: the CLI and the Slurm code call
-`latest_complete_checkpoint` too; the export functions import what they need.
+`latest_complete_checkpoint` too.
 """
 
 from __future__ import annotations
@@ -16,12 +15,10 @@ from typing import Any
 
 from launcher.rundir import COMPLETE_MARKER, RunDir, read_complete_marker
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-
 
 def checkpoint_step(path: Path) -> int | None:
     """N for a directory named checkpoint-N, else None."""
-    match = CHECKPOINT_PATTERN.match(path.name)
+    match = re.match(r"checkpoint-(\d+)$", path.name)
     return int(match.group(1)) if match else None
 
 
@@ -50,11 +47,9 @@ def checkpoint_world_size(checkpoint: Path) -> int | None:
 
 
 def latest_in_earlier_runs(run_root: Path) -> Path | None:
-    """The newest complete checkpoint of earlier, unfinished launches of a run name
-    (outputs/<run.name>/<timestamp>/checkpoints): what run.resume=auto continues from when
-    `ftl train` is run again after a crash. A finished run (it wrote result.json) ends the
-    search: it, and every launch before it, is done, so the same command then trains anew.
-    Timestamps sort by name."""
+    """What run.resume=auto continues: the newest complete checkpoint of earlier launches of
+    a run name (outputs/<run.name>/<timestamp>, newest first); a finished launch (its
+    result.json) ends the search, so the same command then trains anew."""
     if not run_root.is_dir():
         return None
     runs = sorted((p for p in run_root.iterdir() if p.is_dir()), reverse=True)
@@ -68,10 +63,8 @@ def latest_in_earlier_runs(run_root: Path) -> Path | None:
 
 
 def resume_checkpoint(resume: str, run_dir: RunDir) -> Path | None:
-    """What a rank loads. Its own run dir's newest complete checkpoint comes first (a
-    requeued job continues from its newest state); else the checkpoint the launcher chose
-    and validated (RUN_DIR/resume_from: run.resume=PATH, or an earlier launch's with auto);
-    run.resume=never starts fresh."""
+    """What a rank loads: its own run dir's newest complete checkpoint (a requeued job's),
+    else the one the launcher chose and validated (RUN_DIR/resume_from)."""
     if resume == "never":
         return None
     own = latest_complete_checkpoint(run_dir.checkpoints)
@@ -110,13 +103,12 @@ def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.save_pretrained(str(model_dir), state_dict=state_dict)
     # The shards (with optimizer states) stay in checkpoints/; model/ is a plain HF dir.
-    for leftover in [*model_dir.glob("global_step*"), model_dir / "latest"]:
+    names = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
+    for leftover in [*model_dir.glob("global_step*"), *(model_dir / name for name in names)]:
         if leftover.is_dir():
             shutil.rmtree(leftover)
-        elif leftover.exists():
-            leftover.unlink()
-    for script in ("zero_to_fp32.py", "zero_to_torch.py"):
-        (model_dir / script).unlink(missing_ok=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Path:
@@ -150,16 +142,15 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
 
 
 def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Whole weights on rank 0 (other ranks may get partial or empty dicts)."""
-    if trainer.is_deepspeed_enabled:
-        try:
-            return trainer.accelerator.get_state_dict(trainer.deepspeed)
-        except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
-            print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
-            return None
-    if trainer.is_fsdp_enabled:
-        return trainer.accelerator.get_state_dict(trainer.model)
-    return trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    """Whole weights on rank 0, gathered by accelerate (other ranks may get partial dicts)."""
+    model = trainer.deepspeed if trainer.is_deepspeed_enabled else trainer.model
+    try:
+        return trainer.accelerator.get_state_dict(model)
+    except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
+        if not trainer.is_deepspeed_enabled:
+            raise
+        print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
+        return None
 
 
 def _read_safetensors(model_path: Path) -> dict[str, Any]:
@@ -179,20 +170,20 @@ def merge_lora_state_dict(
     copy: bool = True,
 ) -> dict[str, Any]:
     """PEFT LoRA state dict -> the base model's weights with W + scaling * B @ A.
-
     `base`: the base weights by their plain names; default: the (unquantized) base layers
-    in `state_dict`, names without `base_model.model.` and `.base_layer`. Each weight is
-    merged in place; `copy=False` when the base tensors are host tensors no one else uses
-    (a gathered state dict), so no second copy of the whole base is made first (rank 0
-    held the gathered base twice: ~13 GiB more for a 7B bf16 base).
-    """
+    in `state_dict`. Each weight is merged in place; `copy=False` when the base tensors are
+    host tensors no one else uses (a gathered state dict), so no second copy of the base is
+    made first (rank 0 held the gathered base twice: ~13 GiB more for a 7B bf16 base)."""
     if base is None:
         base = {
             key.removeprefix("base_model.model.").replace(".base_layer.", "."): value
             for key, value in state_dict.items()
             if ".lora_" not in key
         }
-    merged = {name: _on_host(value, copy) for name, value in base.items()}
+    merged: dict[str, Any] = {}
+    for name, value in base.items():  # one at a time: a copied base is never held twice
+        host = value.detach().cpu().contiguous()
+        merged[name] = host.clone() if copy else host
     for key, a in state_dict.items():
         if not key.endswith(LORA_A):
             continue
@@ -203,12 +194,6 @@ def merge_lora_state_dict(
         delta = scaling * (b.detach().cpu().float() @ a.detach().cpu().float())
         weight.copy_((weight.float() + delta).to(weight.dtype))  # in place: no second base
     return merged
-
-
-def _on_host(tensor: Any, copy: bool) -> Any:
-    """One tensor at a time, so a copied base is never held twice (GPU: .cpu() then clone)."""
-    host = tensor.detach().cpu().contiguous()
-    return host.clone() if copy else host
 
 
 def _has_weights(model_dir: Path) -> bool:

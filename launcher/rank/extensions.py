@@ -1,18 +1,8 @@
-"""DeepSpeed's JIT-built ops: one build cache per environment, built once, never waited on
-forever.
-
-DeepSpeed compiles its C++ ops (on CPU: the shared-memory all-reduce, cpu_adam) with
-torch.utils.cpp_extension on first use, by default into ~/.cache/torch_extensions/<py>_cpu/:
-one directory for every environment with that Python. Its build.ninja names the
-environment's own paths, so two environments (a checkout and a CI clone) each take the
-other's build for a changed one and rebuild the op: 75 s mid-run on 2 cores. So the ranks
-use `<sys.prefix>/torch_extensions` (unless the user set TORCH_EXTENSIONS_DIR) with the
-environment's ninja, and `make ops` builds the CPU ops there once
-(`python -m launcher.rank.extensions`).
-
-A build holds `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) and every other
-process waits for that file to go, forever: a killed build leaves it behind. A rank checks
-first (`check_build_locks`) and stops with the file and the fix instead.
+"""DeepSpeed's JIT-built ops: one build cache per environment, built by the environment's own
+ninja once (`make ops`: `python -m launcher.rank.extensions`), and never waited on forever:
+a killed build leaves its `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) for
+every later build to wait on, so a rank checks first (`check_build_locks`) and stops with
+the file and the fix. Why, and the rebuilds measured without this: docs/stack-notes.md.
 """
 
 from __future__ import annotations
@@ -26,10 +16,8 @@ from pathlib import Path
 ENV = "TORCH_EXTENSIONS_DIR"
 CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
 """The DeepSpeed op builders a CPU machine loads: the shared-memory all-reduce (every
-DeepSpeed run) and DeepSpeedCPUAdam (a GPU preset's offload_optimizer file, as
-tests/unit/test_ds_config.py runs it). FusedAdam is left to first use: on CPU only a
-GPU-preset file without offload asks for it, and its CPU build is not the CUDA op a GPU
-run uses."""
+DeepSpeed run) and DeepSpeedCPUAdam (a GPU preset's offload_optimizer file). Not FusedAdam:
+on CPU only a GPU-preset file without offload asks for it, and its CPU build is no GPU's."""
 STALE_LOCK_S = 300.0
 """A build lock this old with no build running on this host is taken for a killed build's
 (building an op takes ~1 min on 2 cores; another node's build cannot be seen from here)."""
@@ -43,25 +31,13 @@ def use_own_build_cache(environ: MutableMapping[str, str] | None = None,
     environ = os.environ if environ is None else environ
     directory = Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
     environ.setdefault(ENV, str(directory))
-    use_own_ninja(environ, prefix)
-    return directory
-
-
-def use_own_ninja(environ: MutableMapping[str, str], prefix: str) -> None:
-    """torch runs whichever `ninja` PATH finds first. Two ninja versions (pip's in the
-    environment, 1.13 here, and a system one, Debian's 1.11) write incompatible build logs
-    (.ninja_log v7 and v5), and each takes the other's log for an unknown build and
-    rebuilds every object: a 60-160 s rebuild of the op each time a run whose PATH starts
-    with the environment's bin (a Slurm job script, an activated venv) follows one whose
-    PATH does not (`.venv/bin/ftl train` from a plain shell), measured in the ninja log of
-    one op directory during the suite. The environment's own ninja, where it has one, for
-    every build."""
+    # torch runs whichever ninja PATH finds first, and two versions (the environment's, the
+    # system's) each rebuild every object of the other's builds (docs/stack-notes.md)
     bin_dir = Path(prefix) / "bin"
-    if not (bin_dir / "ninja").is_file():
-        return
     path = environ.get("PATH", "")
-    if path.split(os.pathsep)[0] != str(bin_dir):
+    if (bin_dir / "ninja").is_file() and path.split(os.pathsep)[0] != str(bin_dir):
         environ["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), path]))
+    return directory
 
 
 def stale_locks(root: Path, now: float | None = None,
@@ -104,7 +80,7 @@ def check_build_locks(root: Path) -> None:
     )
 
 
-def prebuild(builders: Iterable[str] = CPU_OPS) -> list[str]:
+def prebuild() -> list[str]:
     """Build (or find built) the ops CPU runs load, in this environment's build cache, so no
     run pays the build; nothing on an accelerator other than the CPU."""
     directory = use_own_build_cache()
@@ -115,7 +91,7 @@ def prebuild(builders: Iterable[str] = CPU_OPS) -> list[str]:
         return []
     check_build_locks(directory)
     built = []
-    for name in builders:
+    for name in CPU_OPS:
         builder = accelerator.create_op_builder(name)
         if builder is not None and builder.is_compatible():
             builder.load(verbose=False)

@@ -2,8 +2,8 @@
 
 GPU: torch.cuda's allocator statistics, the peak reset at each phase boundary. CPU: torch
 keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator with
-COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler, cached under
-FTL_CACHE_DIR or ~/.cache/ftlaunch, loaded with ctypes; +0.06-0.09 us per allocation).
+COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler into the cache, loaded
+with ctypes; +0.06-0.09 us per allocation).
 Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
 docs/memory-notes.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from launcher.rundir import PlanRecord, RankMetrics, RunDir
 
@@ -92,15 +92,6 @@ class MemtraceUnavailable(RuntimeError):
     """The CPU counter cannot be built or installed here (no compiler, foreign allocator)."""
 
 
-class Tracker(Protocol):
-    """Live tensor bytes on this rank's device and their high-water mark since reset."""
-
-    def allocated(self) -> int: ...
-    def peak(self) -> int: ...
-    def reserved_peak(self) -> int | None: ...
-    def reset_peak(self) -> None: ...
-
-
 # ---------------------------------------------------------------- the CPU counter
 
 
@@ -143,11 +134,12 @@ def build_library() -> Path:
     return out
 
 
+@dataclass(frozen=True)
 class CpuTracker:
-    """The counting allocator, installed as torch's CPU allocator for this process."""
+    """The counting allocator, installed as torch's CPU allocator for this process: live
+    tensor bytes and their high-water mark since the last reset (as CudaTracker)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+    lib: ctypes.CDLL
 
     @classmethod
     def install(cls) -> CpuTracker:
@@ -215,7 +207,7 @@ class PhasePeaks:
     the open phase (the gap after a step becomes "checkpoint" once a save happened in it).
     Without a tracker (none installed, or `problem` says why not) only RSS is recorded."""
 
-    tracker: Tracker | None = None
+    tracker: CpuTracker | CudaTracker | None = None
     problem: str | None = None
     current: str | None = None
     phases: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -265,10 +257,8 @@ PHASES = PhasePeaks()
 
 
 def start(on_cpu: bool) -> None:
-    """Install this process's tracker (once) and open phase "startup"; when live bytes cannot
-    be measured, the run records RSS only and its summary says why."""
-    if PHASES.tracker is not None:
-        return
+    """Install this process's tracker and open phase "startup"; when live bytes cannot be
+    measured, the run records RSS only and its summary says why."""
     try:
         PHASES.tracker = CpuTracker.install() if on_cpu else CudaTracker()
     except MemtraceUnavailable as exc:

@@ -25,29 +25,23 @@ def load_tokenizer(cfg: RunConfig) -> Any:
 
 def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
     """From cfg.model.path (local dir or hub id), else from the architecture numbers.
-    Under FSDP every rank but 0 builds an unfilled model (`unfilled_model`): accelerate
-    fills each rank's shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
-    launcher/engines/fsdp/settings.py)."""
+    Under FSDP every rank but 0 builds an unfilled model: accelerate fills each rank's
+    shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
+    launcher/engines/fsdp/settings.py). Else every rank built (or read) the whole model on
+    its host first, N copies per node (transformers 5.24's from_pretrained has no
+    rank-0-only path for FSDP: docs/stack-notes.md)."""
     from transformers import AutoModelForCausalLM, set_seed
 
     set_seed(cfg.train.seed)  # identical initial weights on every rank
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
-    if fills_from_rank_0(cfg):
+    if engine_of(cfg.strategy).fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0:
         return unfilled_model(cfg, tokenizer)
     if cfg.model.path:
         return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
     with torch.device(build_device(cfg)):
         return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
                                                 dtype=model_dtype(cfg))
-
-
-def fills_from_rank_0(cfg: RunConfig) -> bool:
-    """Ranks other than 0 of an engine that fills them from rank 0 (FSDP): without this
-    every rank built (or read) the whole model on its host before sharding, N full copies
-    per node (transformers 5.24's from_pretrained has no rank-0-only path for FSDP:
-    docs/stack-notes.md)."""
-    return engine_of(cfg.strategy).fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0
 
 
 def unfilled_model(cfg: RunConfig, tokenizer: Any) -> Any:

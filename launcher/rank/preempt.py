@@ -1,18 +1,14 @@
 """Stop at a step boundary with a complete checkpoint when asked (docs/design.md, "The
-ranks": who asks, and what RUN_DIR/preempted then tells the batch script and `ftl status`).
+ranks"): RUN_DIR/preempt.requested (the Slurm job's USR1 trap touches it: `--signal=B:USR1`
+reaches only the batch shell, not the ranks behind torchrun or deepspeed), or SIGTERM/SIGINT
+reaching the rank (`stop_on_signals`; a repeated one changes nothing: aborting at once is
+`ftl train`'s job, a second Ctrl-C).
 
-A request is a file, RUN_DIR/preempt.requested (the Slurm job's USR1 trap touches it:
-`--signal=B:USR1` reaches only the batch shell, and torchrun's agent or the deepspeed
-launcher between srun and the ranks would have to forward a signal), or SIGTERM/SIGINT
-reaching the rank itself (`stop_on_signals`). The ranks agree by an all-reduce (MAX): a
-rank that saw it one step later would enter the checkpoint's collectives at another step
-than the others and hang. They vote at the first step end and then about every
-VOTE_EVERY_S, not at every step: an all-reduce costs each step about 0.5-2 ms on 2 CPU
-ranks (1-5 % of the tiny model's ~40 ms step, bench/train_overhead.py), while Slurm's
-signal_grace_s is minutes. Each rank proposes how many of its recent steps fit in
-VOTE_EVERY_S and all take the smallest, so every rank votes at the same steps. A repeated
-signal changes nothing (the launchers forward what the ranks already got): aborting at
-once is the job of the process the user talks to (`ftl train`: a second Ctrl-C).
+The ranks agree by an all-reduce (MAX): one that saw the request a step later would enter
+the save's collectives at another step and hang. They vote at the first step end, then
+about every VOTE_EVERY_S at steps they all agree on, not every step: an all-reduce costs
+0.5-2 ms per step on 2 CPU ranks (1-5 % of the tiny model's ~40 ms step,
+bench/train_overhead.py), while Slurm's signal_grace_s is minutes.
 """
 
 from __future__ import annotations
@@ -33,8 +29,6 @@ VOTE_EVERY_S = 1.0
 """Target seconds between two votes (the stop comes at most about this late)."""
 MAX_VOTE_INTERVAL = 100
 """Steps between two votes at most, however fast the steps."""
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
 
 _received: str | None = None
 """The first stop signal this process received (its name)."""
@@ -53,7 +47,7 @@ def stop_on_signals() -> None:
     Python runs handlers there). Installed just before training: a signal earlier loses
     no work, so it keeps its default meaning."""
     if threading.current_thread() is threading.main_thread():
-        for signum in STOP_SIGNALS:
+        for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, _on_signal)
 
 
@@ -95,9 +89,8 @@ class PreemptCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        """Rank 0: RUN_DIR/preempted (the step, why), only once that step's checkpoint is
-        complete (the save and its COMPLETE marker come before the Trainer's train end), so
-        `ftl status` never reports a stop at a checkpoint that a kill cut short."""
+        """Rank 0: RUN_DIR/preempted once the checkpoint is complete (its marker comes
+        before train end), so `ftl status` never reports one a kill cut short."""
         if self.preempted and state.is_world_process_zero:
             self.run_dir.write_preempted(Preempted(state.global_step, time.time(), _reason()))
 
@@ -121,8 +114,7 @@ def _reason() -> str:
 
 def vote(flag: bool, interval: int) -> tuple[bool, int]:
     """One all-reduce (MAX) for both: stop if any rank saw the request, and the smallest
-    proposed interval (as the MAX of its negation). Every rank must call it at the same
-    step and gets the same answer."""
+    proposed interval (the MAX of its negation). Every rank calls it at the same step."""
     value = torch.tensor([1 if flag else 0, -interval], dtype=torch.int64,
                          device=collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)

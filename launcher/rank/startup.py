@@ -1,10 +1,7 @@
-"""Joining the process group within `cluster.startup_timeout_s`, or saying who never came
-(docs/design.md, "Start-up": the records, the check-in, the timeout handed over after).
-
-`StartupError`'s one line reaches logs/rank<R>.error, which `ftl train` prints. A batch
-job's node task writes RUN_DIR/startup/node-<N>.json as it starts its launcher; after a
-failed step the job runs `python -m launcher.rank.startup RUN_DIR` (`diagnose`): the nodes
-whose launcher never started, or the ranks that never came although their node's did.
+"""Joining the process group within `cluster.startup_timeout_s`, or one line saying who
+never came (docs/design.md, "Start-up"). After a batch job's failed step,
+`python -m launcher.rank.startup RUN_DIR` (`diagnose`) names the nodes whose launcher never
+started (no RUN_DIR/startup/node-<N>.json) or the ranks that never came.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import groupby
 
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
@@ -53,9 +51,8 @@ def backend(cfg: RunConfig) -> str:
 
 def join_world(cfg: RunConfig, run_dir: RunDir, alone_too: bool = False) -> World:
     """Write this rank's start-up record and join the default process group within the
-    bound; accelerate and DeepSpeed then use this group. A world of one has nobody to
-    wait for and is left to accelerate as before (a single process gets no group from
-    it), unless alone_too (the doctor's collectives need a group)."""
+    bound. A world of one is left to accelerate (which makes it no group), unless
+    alone_too: the doctor's collectives need a group."""
     import torch
     import torch.distributed as dist
 
@@ -89,11 +86,8 @@ def collective_timeout(seconds: float) -> None:
 
 
 def check_in(world: World, left_s: float) -> set[int]:
-    """Every rank sets its key on the rendezvous store and waits for the others' for what
-    is left of the bound; returns the ranks whose key is there.
-
-    A gloo group's creation already needs every rank; an NCCL group connects lazily, so
-    without this a missing rank would only show at the first collective."""
+    """The ranks whose key is on the rendezvous store within what is left of the bound: an
+    NCCL group connects lazily, so a missing rank would only show at the first collective."""
     from torch.distributed import distributed_c10d
 
     store = distributed_c10d._get_default_store()
@@ -139,8 +133,8 @@ def missing_message(cfg: RunConfig, run_dir: RunDir, world: World,
 
 
 def diagnose(run_dir: RunDir, head: str | None) -> str | None:
-    """After a launch that failed: who never started, from RUN_DIR/startup/ alone (a job
-    clears it at each start). None when every rank started (the failure came later)."""
+    """Who never started, from RUN_DIR/startup/ alone (a job clears it at each start); None
+    when every rank started (the failure came later)."""
     from launcher.config.compose import load_run_config
 
     cfg = load_run_config(run_dir.config)
@@ -182,16 +176,9 @@ def node_name() -> str:
 
 
 def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    if not numbers:
-        return "none"
-    spans: list[list[int]] = []
-    for number in numbers:
-        if spans and number == spans[-1][1] + 1:
-            spans[-1][1] = number
-        else:
-            spans.append([number, number])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    """[0, 1, 2, 5] -> '0-2, 5' (in a run of consecutive numbers, number - index is constant)."""
+    runs = [[n for _, n in run] for _, run in groupby(enumerate(numbers), lambda p: p[1] - p[0])]
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
 
 
 if __name__ == "__main__":

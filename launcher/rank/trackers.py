@@ -1,12 +1,8 @@
-"""Experiment trackers on rank 0 (train.report_to): one tracker run per training run,
-continued by every launch that resumes it, with the run's facts as params.
-
-The logging itself is the HF Trainer's own integrations (TensorBoardCallback, WandbCallback,
-MLflowCallback); this module opens their runs before `trainer.train()`, records the ids in
-RUN_DIR/trackers.json, logs the run's facts (`TrackerParams`) and ends the runs before the
-worker's os._exit (no atexit hook runs there). How a resume finds its runs and why MLflow's
-run is started here: docs/design.md, "Trackers". Credentials and the tracking URI stay in
-the environment, read by the libraries; nothing here writes them anywhere.
+"""Experiment trackers on rank 0 (train.report_to): the HF Trainer's own integrations log;
+this module opens the wandb and MLflow runs before `trainer.train()` so every launch that
+resumes a run continues its tracker runs (ids in RUN_DIR/trackers.json), logs the run's
+facts (`TrackerParams`) and ends the runs before the worker's os._exit (no atexit hook runs
+there). Why and how: docs/design.md, "Trackers". Credentials stay in the environment.
 """
 
 from __future__ import annotations
@@ -26,12 +22,6 @@ from launcher.config.schema import RunConfig
 from launcher.config.trackers import default_mlflow_uri, requested
 from launcher.rundir import PlanRecord, RunDir, TrackerRuns
 
-OPENED = ("wandb", "mlflow")
-"""The trackers whose runs this module opens (TensorBoard writes event files only)."""
-WANDB_PROJECT = "ftlaunch"
-"""wandb's project unless WANDB_PROJECT says otherwise (the integration's default is
-"huggingface")."""
-
 
 def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
            resume: Path | None) -> None:
@@ -45,12 +35,11 @@ def attach(trainer: Any, cfg: RunConfig, run_dir: RunDir, plan: PlanRecord,
 
 
 def open_runs(cfg: RunConfig, run_dir: RunDir, resume: Path | None) -> TrackerRuns | None:
-    names = [name for name in requested(cfg) if name in OPENED]
+    names = [name for name in requested(cfg) if name in ("wandb", "mlflow")]  # not TensorBoard
     if not names:
         return None
     # checkpoints/checkpoint-N -> its run dir; a checkpoint outside a run dir has no record
-    earlier = (RunDir(resume.parent.parent).read_trackers() if resume is not None else None)
-    earlier = earlier or TrackerRuns()
+    earlier = (RunDir(resume.parent.parent).read_trackers() if resume else None) or TrackerRuns()
     runs = TrackerRuns(
         wandb=_open_wandb(earlier.wandb, run_dir) if "wandb" in names else None,
         mlflow=_open_mlflow(earlier.mlflow, cfg) if "mlflow" in names else None,
@@ -71,7 +60,7 @@ def _open_wandb(run_id: str | None, run_dir: RunDir) -> str:
     os.environ["WANDB_RUN_ID"] = run_id
     os.environ["WANDB_RESUME"] = "allow"  # continue that id if it exists, else create it
     os.environ.setdefault("WANDB_DIR", str(run_dir.path))  # RUN_DIR/wandb/, not the cwd
-    os.environ.setdefault("WANDB_PROJECT", WANDB_PROJECT)
+    os.environ.setdefault("WANDB_PROJECT", "ftlaunch")  # the integration's: "huggingface"
     return run_id
 
 
@@ -106,10 +95,8 @@ def close_runs(finished: bool) -> None:
 
 
 class TrackerParams(TrainerCallback):
-    """Rank 0, into the runs `open_runs` opened: once per tracker run the resolved config
-    (its keys as typed: train.lr), strategy, world size and estimate (ftl.*); per launch N
-    its world size, first step and start-up seconds (ftl.launch.N.*: MLflow never changes
-    a logged param)."""
+    """Rank 0: the run's facts once per tracker run (the config's keys as typed, ftl.*), and
+    per launch N (ftl.launch.N.*: MLflow never changes a logged param)."""
 
     def __init__(self, cfg: RunConfig, plan: PlanRecord, run_dir: RunDir,
                  runs: TrackerRuns) -> None:
@@ -132,14 +119,9 @@ class TrackerParams(TrainerCallback):
             return
         self.startup_logged = True  # this launch's first step: its start-up is complete
         startup = timing.rank_startup(str(self.run_dir.path))
-        log_params(self.runs, {f"{self.prefix}startup.{param_name(k)}": v
+        # `plan+run dir` -> `plan_run_dir`: MLflow refuses `+` in a param name
+        log_params(self.runs, {f"{self.prefix}startup.{k.replace('+', '_').replace(' ', '_')}": v
                                for k, v in startup.items()})
-
-
-def param_name(phase: str) -> str:
-    """A start-up phase as a key both trackers take: `plan+run dir` -> `plan_run_dir`
-    (MLflow refuses `+` in a param name)."""
-    return phase.replace("+", "_").replace(" ", "_")
 
 
 def run_params(cfg: RunConfig, plan: PlanRecord, world_size: int) -> dict[str, Any]:

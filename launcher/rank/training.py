@@ -1,7 +1,4 @@
-"""One rank's Trainer: distributed state, TrainingArguments from the run dir, callbacks.
-
-The CPU workarounds are the ones measured in docs/stack-notes.md; each says why where it is.
-"""
+"""One rank's Trainer: TrainingArguments from the run dir, callbacks, the CPU heap."""
 
 from __future__ import annotations
 
@@ -15,31 +12,13 @@ from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
 
 
-def setup_distributed(cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
-    """Pre-configure accelerate where its own detection is wrong on CPU (the engine's
-    part); returns the TrainingArguments accelerator_config. On GPUs accelerate gets it
-    right."""
-    if on_cpu:
-        keep_freed_memory()
-    return engine_of(cfg.strategy).setup_distributed(cfg, on_cpu)
-
-
-MMAP_THRESHOLD_BYTES = 32 * 2**20
-"""glibc's largest M_MMAP_THRESHOLD (64-bit): every allocation below it from the heap."""
-TRIM_THRESHOLD_BYTES = 64 * 2**20
-"""Freed heap kept for reuse before it is returned to the system (2x, as glibc's own rule)."""
-
-
 def keep_freed_memory() -> None:
     """On CPU, keep the step's tensors' memory in the heap between steps (glibc malloc).
-
-    By default glibc serves allocations of 128 KiB and more with mmap and returns them on
-    free, unless the process happened to free a large block earlier, which raises that
-    threshold for good. Each training step then maps, page-faults and zeroes its
-    activations afresh: measured on the tiny Llama (2 CPU ranks), ~800 page faults and
-    ~3 ms of system time per ~35 ms step, about 10 % of the throughput, depending only on
-    which libraries the process had imported. Fixed thresholds make it deterministic. Not
-    glibc (no mallopt): nothing to do."""
+    glibc serves 128 KiB and more with mmap and unmaps it on free, unless an earlier large
+    free raised that threshold for good: each step then page-faults its activations afresh
+    (tiny Llama, 2 CPU ranks: ~800 faults and ~3 ms of system time per ~35 ms step, ~10 %
+    of the throughput, depending on which libraries were imported). Without glibc's
+    mallopt: nothing to do."""
     import ctypes
 
     try:
@@ -47,8 +26,8 @@ def keep_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)
-    mallopt(m_trim_threshold, TRIM_THRESHOLD_BYTES)
+    mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest (64-bit): all below from the heap
+    mallopt(m_trim_threshold, 64 * 2**20)  # freed heap kept for reuse: 2x, glibc's own rule
 
 
 def training_arguments(

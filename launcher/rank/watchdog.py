@@ -1,11 +1,8 @@
-"""The hang watchdog: a rank that makes no progress within its bound writes where it is
-(RUN_DIR/hang/: every thread's stack, NCCL's flight recorder, a HangRecord) and ends with
-HUNG_EXIT, instead of waiting in a collective until torch's own timeout.
-
-The bounds, the files, the peers' grace and who reads the records: docs/design.md, "Hangs
-and stragglers". The main thread may be blocked inside a C++ collective, so nothing here
-waits for it: the thread exits the process itself. Nothing runs per step but `beat`
-storing a float (callbacks/progress.py).
+"""The hang watchdog: a rank without progress within its bound writes where it is
+(RUN_DIR/hang/) and ends with HUNG_EXIT instead of waiting in a collective until torch's
+own timeout (docs/design.md, "Hangs and stragglers"). The main thread may be blocked in a
+C++ collective, so the watchdog's thread exits the process itself. Per step a rank pays
+one `beat`: storing a float.
 """
 
 from __future__ import annotations
@@ -25,20 +22,16 @@ PEER_GRACE_S = 10.0
 """How long a rank whose watchdog ran out waits for the other ranks' records."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 """The Trainer's own ddp_timeout (TrainingArguments), the collectives' timeout."""
-COLLECTIVE_MARGIN_S = 300
-"""A collective times out this long after the watchdog's bound would have run out."""
-FLIGHT_RECORDER_ENTRIES = "2000"
-"""NCCL flight recorder ring size (TORCH_FR_BUFFER_SIZE) set on GPU ranks when unset."""
 
 
 def collective_timeout_s(hang_timeout_s: float, first_step_timeout_s: float) -> int:
-    """The process group's timeout (TrainingArguments.ddp_timeout): later than the
+    """The process group's timeout (TrainingArguments.ddp_timeout): 300 s after the
     watchdog's bounds, so a rank waiting in a collective for a hung peer is still there
     (its stack says so) when the watchdog runs out; the Trainer's default without one."""
     if hang_timeout_s <= 0:
         return DEFAULT_COLLECTIVE_TIMEOUT_S
     bound = max(hang_timeout_s, first_step_timeout_s)
-    return int(max(DEFAULT_COLLECTIVE_TIMEOUT_S, bound + COLLECTIVE_MARGIN_S))
+    return int(max(DEFAULT_COLLECTIVE_TIMEOUT_S, bound + 300))
 
 
 class Watchdog:
@@ -60,11 +53,6 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="ftl-hang-watchdog",
                                         daemon=True)
 
-    @property
-    def poll_s(self) -> float:
-        """A twentieth of the step bound, between 0.1 and 5 s: the lateness of a firing."""
-        return min(5.0, max(0.1, self.step_bound_s / 20))
-
     def start(self) -> Watchdog:
         self._thread.start()
         return self
@@ -81,7 +69,8 @@ class Watchdog:
         return self.step_bound_s if self.stepped else self.first_bound_s
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        poll_s = min(5.0, max(0.1, self.step_bound_s / 20))  # how late a firing may come
+        while not self._stop.wait(poll_s):
             waited = self.clock() - self.last
             if waited >= self.bound_s() and not self._stop.is_set():
                 self.fire(waited)
@@ -99,7 +88,9 @@ class Watchdog:
         print(f"[ftl] rank {self.rank}: no progress for {waited:.0f} s (bound "
               f"{self.bound_s():g} s) after step {self.step}: hang watchdog; stacks in "
               f"{where}; exiting {HUNG_EXIT}", file=sys.stderr, flush=True)
-        self.wait_for_peers()
+        deadline = self.clock() + PEER_GRACE_S  # the first rank to exit ends the others
+        while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
+            time.sleep(0.05)
         if self.cleanup is not None:
             self.cleanup()
         exit_now(HUNG_EXIT)
@@ -116,11 +107,6 @@ class Watchdog:
                                     round(waited, 3), self.bound_s(), time.time(),
                                     threading.main_thread().ident or 0, recorder))
         return str(files.hang_stacks(self.rank))
-
-    def wait_for_peers(self) -> None:
-        deadline = self.clock() + PEER_GRACE_S
-        while len(self.run_dir.read_hangs()) < self.world_size and self.clock() < deadline:
-            time.sleep(0.05)
 
 
 def dump_flight_recorder(path: Path) -> str | None:
@@ -145,14 +131,13 @@ def dump_flight_recorder(path: Path) -> str | None:
 
 def start_watchdog(run_dir: RunDir, hang_timeout_s: float, first_step_timeout_s: float,
                    on_gpu: bool, cleanup: Callable[[], None] | None = None) -> Watchdog | None:
-    """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0).
-    Called before the process group exists: on GPUs it turns on the NCCL flight recorder,
-    read when a process group is created (unless the user set its size). `cleanup` runs
-    just before the exit (the worker's shared-memory release: os._exit skips its finally)."""
+    """The rank's watchdog, running from now on (None when train.hang_timeout_s <= 0); on
+    GPUs it turns on the NCCL flight recorder, read when the process group is created.
+    `cleanup` runs just before the exit (os._exit skips the worker's finally)."""
     if hang_timeout_s <= 0:
         return None
     if on_gpu and not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
-        os.environ["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"  # the ring's entries
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Watchdog(run_dir, rank, world_size, hang_timeout_s, first_step_timeout_s,

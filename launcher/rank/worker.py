@@ -27,7 +27,7 @@ from launcher.rank import imports, memtrace
 from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
 from launcher.rank.model import apply_peft, build_model, load_tokenizer
 from launcher.rank.startup import collective_timeout, join_world
-from launcher.rank.training import make_trainer, setup_distributed, training_arguments
+from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
@@ -60,27 +60,26 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
     imports.import_stack(cfg)  # start-up phases: the imports on their own
-    memtrace.start(on_cpu)  # live tensor bytes per phase, from before the model exists
+    memtrace.start(on_cpu)  # from before the model exists
     from transformers.utils import logging as hf_logging  # after import_stack
-    # Loading/saving bars from every rank garble the launcher's console; MetricsCallback
-    # reports the steps (a rank that tokenizes turns off datasets' bars: data.encode_splits).
+    # Bars from every rank garble the launcher's console; MetricsCallback reports the steps.
     hf_logging.disable_progress_bar()
     tokenizer = adopt_chat_template(load_tokenizer(cfg), cfg.dataset)
     # Before the process group exists: ranks waiting for rank 0's tokenization poll the
     # disk, so no collective can time out however long it takes.
     datasets = rank_datasets(cfg, data_dir, tokenizer, rank, run_dir.rank_error("0"))
     timing.mark("data_loaded")
-    # From here a rank without progress ends with its stacks (before the process group:
-    # its set-up and the first step are under train.first_step_timeout_s).
+    # From here a rank without progress ends with its stacks (the process group's set-up
+    # and the first step are under train.first_step_timeout_s).
     watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
                               cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
                               cleanup=engine.release_rank)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
-    # Within cluster.startup_timeout_s, or an error naming the ranks that never came;
-    # accelerate and DeepSpeed use this group.
-    join_world(cfg, run_dir)
-    accelerator_config = setup_distributed(cfg, on_cpu)
+    join_world(cfg, run_dir)  # within cluster.startup_timeout_s; accelerate uses this group
+    if on_cpu:
+        keep_freed_memory()
+    accelerator_config = engine.setup_distributed(cfg, on_cpu)  # where accelerate errs on CPU
     args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
     collective_timeout(args.ddp_timeout)  # the start-up bound ends here
@@ -95,9 +94,10 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
-    from launcher.rank.callbacks.progress import ProgressBeat  # after import_stack
+    if watchdog is not None:  # first in line: its beat at a step end comes before any other's
+        from launcher.rank.callbacks.progress import ProgressBeat  # after import_stack
 
-    ProgressBeat.install(trainer, watchdog)
+        trainer.callback_handler.callbacks.insert(0, ProgressBeat(watchdog))
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
@@ -134,19 +134,13 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     finish(engine)
 
 
-BARRIER_STACKS_AFTER_S = 600.0
-"""A final barrier this long gets every thread's stack written to the rank's stderr."""
-
-
 def finish(engine: Engine) -> NoReturn:
-    """Leave once every file is written: a barrier (every rank is done; not cut short, as
-    rank 0 may still save a large model, but its stacks go to stderr after
-    BARRIER_STACKS_AFTER_S), the engine's per-rank resources, then os._exit from inside
-    train(). Returning freed the trainer, and the last reference to DDP's reducer destroyed
-    its gloo group: twice that deadlocked in ~ProcessGroupGloo (gdb: a mutex in the
-    destructor) with result.json written and the run never ending (docs/stack-notes.md)."""
+    """Leave once every file is written: a barrier (not cut short: rank 0 may still save a
+    large model), the engine's per-rank resources, then os._exit from inside train():
+    returning freed the trainer, whose gloo group twice deadlocked in its destructor with
+    result.json written (docs/stack-notes.md)."""
     if dist.is_available() and dist.is_initialized():
-        faulthandler.dump_traceback_later(BARRIER_STACKS_AFTER_S)
+        faulthandler.dump_traceback_later(600.0)  # a stuck barrier's stacks go to stderr
         dist.barrier()
         faulthandler.cancel_dump_traceback_later()
     engine.release_rank()
@@ -195,8 +189,7 @@ def write_error(run_dir: RunDir, text: str) -> None:
 
 def exit_now(code: int) -> None:
     """Leave without interpreter teardown once everything is written: teardown can still
-    abort ("terminate called without an active exception", SIGABRT, seen with DeepSpeed on
-    gloo even after barrier + destroy), which would turn a finished run into a failed one."""
+    abort (SIGABRT with DeepSpeed on gloo, docs/stack-notes.md), failing a finished run."""
     logging.shutdown()
     exit_without_teardown(code)
 

@@ -1,5 +1,4 @@
-"""A checkpoint counts once rank 0 has written its COMPLETE marker (launcher/rank/checkpoints.py),
-after every rank has finished its part; rank 0 also records the save's time and size."""
+"""The COMPLETE marker that makes a checkpoint count (launcher/rank/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
 
 
 class CheckpointCallback(TrainerCallback):
-    """Marks a checkpoint COMPLETE once every rank has written its part, and rank 0 records
-    how long the save took in metrics.jsonl ({"event": "save", "seconds", "bytes"}): the
-    Trainer saves right after a step's end, log and eval, so the save ran from the last of
-    those to the marker. `ftl submit` compares it with the signal's grace time."""
+    """Marks a checkpoint COMPLETE once every rank has written its part; rank 0 records the
+    save's seconds and bytes in metrics.jsonl, timed from the last step end, log or eval
+    (the Trainer saves right after them) to the marker."""
 
     def __init__(self, tp: int = 1, sp: int = 1) -> None:
         self.since = time.monotonic()
@@ -35,17 +33,11 @@ class CheckpointCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         barrier()  # every rank has returned from its part of the save
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_complete_marker(checkpoint, state.global_step, args.world_size,
-                                  self.tp, self.sp)
-            self._record(checkpoint, state.global_step)
+            write_complete_marker(checkpoint, state.global_step, args.world_size, self.tp, self.sp)
+            run_dir = RunDir(checkpoint.parent.parent)  # the Trainer's output_dir: checkpoints/
+            size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+            seconds = round(time.monotonic() - self.since, 3)
+            run_dir.append_metrics(MetricsEvent(
+                state.global_step, run_dir.current_launch(), time.time(), "save",
+                {"seconds": seconds, "bytes": size}, peak_memory_mib()))
         barrier()  # nobody resumes or reads the marker before it exists
-
-    def _record(self, checkpoint: Path, step: int) -> None:
-        """Like every metrics.jsonl line: step, launch (the launches.jsonl line this
-        launch wrote at train begin), time, peak memory."""
-        run_dir = RunDir(checkpoint.parent.parent)  # the Trainer's output_dir: checkpoints/
-        size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-        seconds = round(time.monotonic() - self.since, 3)
-        run_dir.append_metrics(MetricsEvent(
-            step, run_dir.current_launch(), time.time(), "save",
-            {"seconds": seconds, "bytes": size}, peak_memory_mib()))

@@ -16,14 +16,11 @@ from launcher.rundir import MetricsEvent, RankMetrics, RunDir
 
 
 class MetricsCallback(TrainerCallback):
-    """On every rank it adds tokens/s, achieved TFLOP/s, MFU (GPU only: a CPU has no
-    meaningful peak) and peak memory to the Trainer's log dict; installed first, so
-    TensorBoard records them with the loss. Rank 0 appends each log to metrics.jsonl, with
-    every rank's busy and forward seconds per step (step_times.py), and prints a progress
-    line (tqdm is off: bars from several ranks garble the console). Each launch is one
-    launches.jsonl line and each metrics line names its launch, so a resume is never
-    mistaken for a restart; a launch's start-up phases are recorded at its first step end,
-    the finish phases by the worker (launcher/timing.py)."""
+    """Adds tokens/s, TFLOP/s, MFU (GPU only: a CPU has no meaningful peak) and peak memory
+    to every rank's log dict (installed first: TensorBoard records them with the loss).
+    Rank 0 appends each log to metrics.jsonl with every rank's step times (step_times.py)
+    and prints a progress line; each launch is a launches.jsonl line that every metrics
+    line names, so a resume is never taken for a restart."""
 
     def __init__(self, run_dir: RunDir, flops_per_token: float,
                  peak_flops_per_device: float | None, resumed_from: str | None) -> None:

@@ -18,11 +18,6 @@ class ProgressBeat(TrainerCallback):
     def __init__(self, watchdog: Watchdog) -> None:
         self.watchdog = watchdog
 
-    @classmethod
-    def install(cls, trainer: Any, watchdog: Watchdog | None) -> None:
-        if watchdog is not None:
-            trainer.callback_handler.callbacks.insert(0, cls(watchdog))
-
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:

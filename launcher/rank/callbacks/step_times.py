@@ -1,10 +1,7 @@
-"""Per-rank busy and forward seconds per optimizer step, for stragglers (`ftl report`).
-
-What each figure measures, under which engines it tells the ranks apart and why:
-docs/design.md, "Stragglers". Cost: one gradient hook on one parameter, a forward pre-hook
-and hook on the model, a clock read each (CUDA events on GPUs, read at the step end, where
-the Trainer's NaN check of the loss has already waited for the backward); the ranks'
-figures meet at each train log (one all-gather of two numbers, MetricsCallback.on_log).
+"""Per-rank busy and forward seconds per optimizer step, for stragglers (`ftl report`); what
+each figure measures and under which engines it tells the ranks apart: docs/design.md,
+"Stragglers". Cost: a gradient hook on one parameter, a forward pre-hook and hook on the
+model, a clock read (GPU: a CUDA event) each, and one all-gather of two numbers per train log.
 """
 
 from __future__ import annotations

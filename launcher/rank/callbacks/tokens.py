@@ -1,5 +1,4 @@
-"""Tokens seen (`state.num_input_tokens_seen`) with one all-reduce per read instead of a
-gather per micro-batch."""
+"""Tokens seen (`state.num_input_tokens_seen`): one all-reduce per read, not a gather per step."""
 
 from __future__ import annotations
 
@@ -13,16 +12,13 @@ from launcher.rank.preempt import collective_device
 
 
 class TokenCounter(TrainerCallback):
-    """`include_num_input_tokens_seen="all"` without a collective per micro-batch.
-
-    The Trainer (transformers 5.24, `_track_num_input_tokens`) gathers every micro-batch's
-    input-token count from all ranks and reads it back (`.item()`): a blocking round trip
-    per step, about 0.5-2 ms on 2 CPU ranks (bench/train_overhead.py). Installed with
-    `install`, this rank counts its own tokens and the ranks sum them (one all-reduce) only
-    at a step end after which something reads `state.num_input_tokens_seen`: a log, an
-    eval, a checkpoint, the end of training; every rank decides alike from the same
-    control flags, which it sees last of all callbacks. The count at every one of those
-    points, in the logs, checkpoints and result, equals the Trainer's own."""
+    """`include_num_input_tokens_seen="all"` without a collective per micro-batch: the
+    Trainer (transformers 5.24, `_track_num_input_tokens`) gathers each micro-batch's count
+    from all ranks and reads it back, a blocking round trip per step (0.5-2 ms on 2 CPU
+    ranks, bench/train_overhead.py). Here each rank counts its own, and the ranks sum them
+    (one all-reduce) only at a step end after which something reads the count (a log, an
+    eval, a save, the end): every rank decides alike from the control flags, which it sees
+    last of all callbacks. Wherever the count is read it equals the Trainer's own."""
 
     def __init__(self) -> None:
         self.pending = 0
