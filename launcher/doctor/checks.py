@@ -5,8 +5,10 @@ check (naming the node and rank of a failure and the fix), and the table.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
+
+from launcher.rundir.records import Record
 
 OK, FAIL, INFO = "ok", "FAIL", "info"
 SLOW_FRACTION = 0.5
@@ -14,14 +16,11 @@ SLOW_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(Record):
     check: str
     status: str
     detail: str
     fix: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
