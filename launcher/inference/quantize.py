@@ -205,44 +205,23 @@ def error_stats(x: torch.Tensor, qt: QuantizedTensor) -> dict[str, float]:
     }
 
 
-def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
-    """Every embedding matrix, to recognise a Linear tied to one."""
-    found = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
-    get_input = getattr(model, "get_input_embeddings", None)
-    embedding = get_input() if callable(get_input) else None
-    if embedding is not None and getattr(embedding, "weight", None) is not None:
-        found.append(embedding.weight)
-    return found
-
-
-def _is_tied(weight: torch.Tensor, embeddings: list[torch.Tensor]) -> bool:
-    """The same Parameter (HF ties that way), or the same memory (a tie made by hand)."""
-    return any(
-        weight is e or (weight.data_ptr() != 0 and weight.data_ptr() == e.data_ptr())
-        for e in embeddings
-    )
-
-
 def quantizable_layers(model: nn.Module) -> list[str]:
-    """Parameter names "<module>.weight" of every nn.Linear not tied to an embedding.
+    """Parameter names "<module>.weight" of every nn.Linear not tied to (sharing the memory
+    of) an embedding.
 
     A tied lm_head shares its matrix with embed_tokens, which is never quantized (a lookup table
     whose rows are read one at a time gains little and loses the rare tokens' precision), so
     quantizing the head would either break the tie or quantize the embedding behind our back.
     """
-    embeddings = _embedding_weights(model)
-    return [
-        f"{name}.weight"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and not _is_tied(module.weight, embeddings)
-    ]
+    tied = {m.weight.data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [f"{name}.weight" for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module.weight.data_ptr() not in tied]
 
 
 def quantize_model(
     model: nn.Module, scheme: str, granularity: str, clip_percentile: float | None = None
 ) -> tuple[dict[str, QuantizedTensor], list[dict[str, Any]]]:
     """Quantize every quantizable Linear; returns the codes and one report row per layer."""
-    _check_args(scheme, granularity, clip_percentile)
     quantized: dict[str, QuantizedTensor] = {}
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
@@ -284,7 +263,6 @@ def save_quantized(
     """
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(out_dir)
     if tokenizer is not None:
@@ -304,7 +282,7 @@ def save_quantized(
 
 def is_quantized_dir(path: Path) -> bool:
     """True for a directory written by `save_quantized` (quantization.json with our FORMAT)."""
-    config = Path(path) / QUANT_CONFIG
+    config = path / QUANT_CONFIG
     try:
         return json.loads(config.read_text()).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
@@ -334,7 +312,6 @@ def load_quantized(path: Path) -> nn.Module:
     the CPU path, see the module docstring), in eval() mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = Path(path)
     if not is_quantized_dir(path):
         raise ValueError(f"{path} is not a quantized model directory ({QUANT_CONFIG}, {FORMAT})")
     layers = json.loads((path / QUANT_CONFIG).read_text())["layers"]
@@ -355,6 +332,5 @@ def load_quantized(path: Path) -> nn.Module:
 
 def dir_size_bytes(path: Path) -> int:
     """Bytes of the weight files (*.safetensors, *.bin) in a model directory, for the report."""
-    path = Path(path)
     files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
     return sum(f.stat().st_size for f in files if f.is_file())
