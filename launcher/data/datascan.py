@@ -151,23 +151,15 @@ def scan_file(path: Path, fmt: str, renames: Mapping[str, str], limit: int = 10)
 
 
 def _read_json(path: Path, checker: _Checker) -> Iterator[_Item]:
-    """A .json file: one JSON array if it starts with `[`, else JSON Lines."""
-    if _first_char(path) == b"[":
-        return _read_json_array(path)
-    return _read_json_lines(path, checker)
-
-
-def _read_json_lines(path: Path, checker: _Checker) -> Iterator[_Item]:
-    if _first_char(path) == b"":
+    """JSON Lines; a .json file that starts with `[` is one JSON array."""
+    first = _first_char(path)
+    if first == b"":
         yield _empty(path)
-        return
-    offset = 0
-    # Binary lines, decoded one by one: a stray latin-1 byte is named by line and offset.
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            start, offset = offset, offset + len(raw)
-            if not raw.isspace():
-                yield _json_line(path, number, raw, start)
+    elif first == b"[" and path.suffix.lower() == ".json":
+        yield from _read_json_array(path)
+    else:
+        yield from (_json_line(path, number, raw, start)
+                    for number, raw, start in _lines(path) if not raw.isspace())
 
 
 def _json_line(path: Path, number: int, raw: bytes, start: int) -> _Item:
@@ -306,21 +298,28 @@ def _not_utf8(path: Path, line: int, byte: int, offset: int) -> str:
             f"> fixed{path.suffix}`.")
 
 
-def _first_non_utf8_line(path: Path) -> str:
+def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
+    """(number from 1, line, its byte offset): binary lines, decoded one by one by the
+    caller, so a stray latin-1 byte is named by line and offset."""
     offset = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                return _not_utf8(path, number, raw[error.start], offset + error.start)
+            yield number, raw, offset
             offset += len(raw)
+
+
+def _first_non_utf8_line(path: Path) -> str:
+    for number, raw, start in _lines(path):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return _not_utf8(path, number, raw[error.start], start + error.start)
     # A multi-byte character cut by the end of the file.
     return f"{path}: not UTF-8 at its end. Fix: re-encode the file as UTF-8."
 
 
 _READERS: dict[str, Callable[[Path, _Checker], Iterator[_Item]]] = {
-    ".jsonl": _read_json_lines,
+    ".jsonl": _read_json,
     ".json": _read_json,
     ".csv": _read_csv,
     ".parquet": _read_parquet,
