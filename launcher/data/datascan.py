@@ -1,16 +1,10 @@
-"""Check a local training data file row by row before anything launches.
+"""Check a local training data file row by row before anything launches: a bad line in a
+million-row file fails `ftl train` in seconds, naming the file and the line, not minutes
+later inside a rank. So the scan streams (JSON Lines and CSV a line at a time, parquet a
+record batch at a time; a .json array has to be parsed whole) and keeps no checked row.
 
-A bad line in a million-row file should fail `ftl train` in seconds, naming the file and the
-line, not minutes later inside a rank after `datasets` has tokenized half of it. So the scan
-streams: JSON Lines and CSV are read a line at a time, parquet a record batch at a time, and
-no row is kept once it has been checked (a .json file holding one JSON array is the exception:
-an array has to be parsed whole).
-
-Each row is checked with `formats.row_problem`, the same rule the encoder applies. Problems
-name the file and where in it: `FILE:LINE` for JSON Lines and CSV (lines count from 1, blank
-ones included), `FILE: element N` for a JSON array and `FILE: row N` for parquet (both count
-from 1 too). The scan stops after `limit` problems: ten bad rows show the pattern, a million
-would bury it.
+Each row is checked with `formats.row_problem`, the encoder's rule. The scan stops after
+`limit` problems: ten bad rows show the pattern, a million would bury it.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from typing import Any, NamedTuple
 
 from launcher.data import formats
 
-WHITESPACE = b" \t\r\n"
 _decode_json = json.JSONDecoder().decode
 """json.loads without its per-call checks: it runs once per line of a million-line file."""
 PARQUET_BATCH_ROWS = 1024
@@ -199,7 +192,7 @@ def _first_char(path: Path) -> bytes:
     """The first non-whitespace byte, b"" for an empty file; reads only as far as needed."""
     with path.open("rb") as handle:
         while block := handle.read(1 << 16):
-            stripped = block.lstrip(WHITESPACE)
+            stripped = block.lstrip(b" \t\r\n")  # JSON's whitespace
             if stripped:
                 return stripped[:1]
     return b""

@@ -1,10 +1,7 @@
 """What one data row means, per `dataset.format`: a conversation or raw text pieces (each
 format's row and what is trained: the table in README "Data"); `dataset.columns` renames the
 fields, e.g. `dataset.columns.messages=conversation`.
-
-Pure and light (no `datasets`, no tokenizer): the streaming scanner (datascan.py) checks
-every row with `row_problem` before anything launches, and the encoder (encode.py) turns
-checked rows into token ids.
+Pure and light (no `datasets`, no tokenizer): datascan.py and encode.py apply its rules.
 """
 
 from __future__ import annotations
