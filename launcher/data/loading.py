@@ -36,7 +36,6 @@ LOCAL_LOADERS: dict[str, str] = {
     ".csv": "csv",
     ".parquet": "parquet",
 }
-"""File extension -> `datasets` builder."""
 
 LARGE_ROWS = 20_000
 """From this many rows tokenizing uses several processes (below, their start-up costs more)
@@ -85,9 +84,7 @@ def _load_local(path: Path) -> Dataset:
 
 
 def _load_hub(dataset_id: str) -> Dataset:
-    """A hub dataset (or a local dataset directory) through `datasets.load_dataset`. This
-    needs the hub (or its cache); on a machine without one, download the data and point
-    dataset.path at the file."""
+    """A hub dataset (it needs the hub or its cache) or a local dataset directory."""
     from datasets import load_dataset
 
     try:
@@ -101,7 +98,6 @@ def _load_hub(dataset_id: str) -> Dataset:
 
 
 def check_fields(columns: list[str], fmt: str, renames: Mapping[str, str], source: str) -> None:
-    """DataError naming the missing columns, the file and the fix."""
     missing = missing_columns(fmt, column_map(fmt, renames, columns), columns)
     if not missing:
         return
@@ -285,9 +281,7 @@ def collator(tokenizer: Any, packed: bool = False, sp: int = 1,
              max_length: int = 0) -> Collator:
     """The batch collator for encoded rows (packed: rows with position_ids; sp: the
     sequence-parallel size, whose batches are max_length rounded up to a multiple of sp)."""
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        pad = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise DataError("the tokenizer has neither a pad nor an eos token; give it a pad_token")
     sp_width = -(-max_length // sp) * sp if sp > 1 else None

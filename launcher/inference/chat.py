@@ -69,11 +69,6 @@ def _builtin_notice() -> None:
           "'### Human: / ### Assistant:' template", file=sys.stderr)
 
 
-def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
-    """The model's greedy answer to the conversation."""
-    return answers(model, tokenizer, [messages], max_new_tokens)[0]
-
-
 def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
             max_new_tokens: int) -> list[str]:
     """Greedy answers, in order; prompts of one token length share a batch, unpadded, so
@@ -105,15 +100,15 @@ def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens
     model, tokenizer = load_for_inference(model_dir)
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
-        print(reply(model, tokenizer, [*messages, {"role": "user", "content": prompt}],
-                    max_new_tokens))
+        print(answers(model, tokenizer, [[*messages, {"role": "user", "content": prompt}]],
+                      max_new_tokens)[0])
         return 0
     print("ftl chat: type a message (Ctrl-D or /exit to leave)", file=sys.stderr)
     for line in sys.stdin:
         if line.strip() == "/exit":
             break
         messages.append({"role": "user", "content": line.rstrip("\n")})
-        answer = reply(model, tokenizer, messages, max_new_tokens)
+        answer = answers(model, tokenizer, [messages], max_new_tokens)[0]
         messages.append({"role": "assistant", "content": answer})
         print(answer, flush=True)
     return 0

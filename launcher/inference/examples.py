@@ -1,9 +1,6 @@
-"""`train.show_examples=N`: held-out prompts answered before and after training.
-
-Runs in the launcher process once the ranks have finished, on its CPU (small models only);
-what is asked, of which models, and what is printed and written: docs/design.md "After
-training". An answer matches when its text equals the reference's (surrounding whitespace
-aside). torch and transformers are imported only when it runs (start-up stays light).
+"""`train.show_examples=N`: held-out prompts answered before and after training, in the
+launcher process once the ranks have finished, on its CPU (small models only); what is
+asked, of which models, and what is printed and written: docs/design.md "After training".
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class RunDir:
 
     read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
     read_result, write_result = _json_file(RESULT, RunResult, indent=2)
-    read_examples, write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)
+    write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)[1]
     read_preempted, write_preempted = _json_file(PREEMPTED, Preempted)
     read_trackers, write_trackers = _json_file(TRACKERS, TrackerRuns)
 
