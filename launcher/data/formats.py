@@ -9,12 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-CHAT_FORMATS = ("chat", "sharegpt", "alpaca")
-"""Formats rendered through a chat template."""
-RAW_FORMATS = ("prompt_completion", "text")
-"""Formats tokenized as plain text pieces."""
-FORMATS = CHAT_FORMATS + RAW_FORMATS
-
 FIELDS: dict[str, dict[str, bool]] = {
     "chat": {"messages": True},
     "sharegpt": {"messages": True},
@@ -23,6 +17,9 @@ FIELDS: dict[str, dict[str, bool]] = {
     "text": {"text": True},
 }
 """format -> {field: required}. A field's column is the field's name unless renamed."""
+FORMATS = tuple(FIELDS)
+CHAT_FORMATS = ("chat", "sharegpt", "alpaca")
+"""Formats rendered through a chat template; the others are tokenized as plain text pieces."""
 
 DEFAULT_COLUMNS: dict[str, dict[str, str]] = {"sharegpt": {"messages": "conversations"}}
 CHAT_COLUMN_FALLBACK = "conversations"

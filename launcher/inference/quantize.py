@@ -109,14 +109,9 @@ def _symmetric_mse(rows: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
 def _best_fraction(rows: torch.Tensor, amax: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
     """Per row, the candidate fraction of max|x| with the lowest MSE ([K] or [R, K] candidates)."""
     fractions = fractions.expand(rows.shape[0], -1)
-    best_err = torch.full_like(amax, float("inf"))
-    best = torch.ones_like(amax)
-    for k in range(fractions.shape[1]):
-        err = _symmetric_mse(rows, amax * fractions[:, k])
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best = torch.where(better, fractions[:, k], best)
-    return best
+    # One candidate at a time: all at once would hold K copies of the weight.
+    errors = torch.stack([_symmetric_mse(rows, amax * f) for f in fractions.T], dim=1)
+    return fractions.gather(1, errors.argmin(dim=1, keepdim=True))[:, 0]  # first on a tie
 
 
 def mse_thresholds(rows: torch.Tensor) -> torch.Tensor:
