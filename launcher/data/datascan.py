@@ -262,11 +262,10 @@ def _read_parquet(path: Path, checker: _Checker) -> Iterator[_Item]:
         if problem is not None:
             yield problem
             return
-        number = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            for value in batch.to_pylist():
-                number += 1
-                yield _Row(path, "row", number, value)
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        values = (value for batch in batches for value in batch.to_pylist())
+        for number, value in enumerate(values, start=1):
+            yield _Row(path, "row", number, value)
     except (pa.ArrowException, OSError) as error:
         yield (f"{path}: not a readable parquet file ({error}). Fix: rewrite it, e.g. with "
                "pandas' to_parquet, or use JSON Lines.")
