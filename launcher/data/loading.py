@@ -2,8 +2,7 @@
 
 Runs where the data is prepared (preprocess.py) and in the ranks' collators; `datasets` and
 TRL are imported inside functions. Packing, and why packed batches carry position_ids and no
-attention mask: docs/design.md "Data". A batch's tail padding is one more "example" with its
-own positions, so it is isolated too.
+attention mask: docs/design.md "Data".
 """
 
 from __future__ import annotations
@@ -176,7 +175,8 @@ def encode_splits(
 
 
 def encode(records: Dataset, encoder: Encoder, source: str, processes: int | None) -> Dataset:
-    """input_ids and labels per row; DataError naming the row on a bad one."""
+    """input_ids and labels per row; DataError naming the row on a bad one, or when no row
+    has a trained token within dataset.max_length."""
     try:
         encoded = records.map(
             encoder.encode, batched=True, with_indices=True, num_proc=processes,
@@ -185,22 +185,18 @@ def encode(records: Dataset, encoder: Encoder, source: str, processes: int | Non
         )
     except RowError as error:
         raise DataError(f"{source}: {error}") from None
-    _report_lengths(encoded, len(records), encoder.max_length, source)
-    return encoded.remove_columns("full_length")
-
-
-def _report_lengths(encoded: Dataset, rows: int, max_length: int, source: str) -> None:
+    max_length, dropped = encoder.max_length, len(records) - len(encoded)
     if len(encoded) == 0:
         raise DataError(
-            f"{source}: every one of the {rows} example(s) is longer than dataset.max_length="
+            f"{source}: every one of the {dropped} example(s) is longer than dataset.max_length="
             f"{max_length} before its first trained token, so nothing is left to train on. "
             "Fix: raise dataset.max_length (up to the model's context) or shorten the data"
         )
-    dropped = rows - len(encoded)
     truncated = sum(1 for n in encoded["full_length"] if n > max_length)
     if dropped or truncated:
         log.warning("%s: %d example(s) truncated to dataset.max_length=%d, %d dropped (no "
                     "trained token left)", source, truncated, max_length, dropped)
+    return encoded.remove_columns("full_length")
 
 
 def pack(encoded: Dataset, max_length: int) -> Dataset:
