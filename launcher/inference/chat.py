@@ -6,6 +6,7 @@ before/after-quantization check needs). The template: docs/design.md "After trai
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from functools import cache
@@ -32,8 +33,6 @@ def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
 
 def check_causal_lm_dir(model_dir: Path) -> None:
     """A directory with an HF config whose architecture is a causal LM."""
-    import json
-
     config = model_dir / "config.json"
     if not config.is_file():
         raise ConfigError(

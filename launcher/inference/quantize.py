@@ -158,10 +158,8 @@ def quantize_tensor(
     rows = x.reshape(x.shape[0], -1) if per_channel else x.reshape(1, -1)
     threshold = rows.abs().amax(dim=1)
     if scheme == "clip":
-        if clip_percentile is None:
-            threshold = mse_thresholds(rows)
-        else:
-            threshold = quantile_rows(rows.abs(), clip_percentile / 100.0)
+        threshold = (mse_thresholds(rows) if clip_percentile is None
+                     else quantile_rows(rows.abs(), clip_percentile / 100.0))
         x = rows.clamp(-threshold[:, None], threshold[:, None]).reshape(x.shape)
     observer = _observer(symmetric=scheme != "zeropoint", per_channel=per_channel)
     observer(x)
