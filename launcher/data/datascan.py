@@ -97,14 +97,11 @@ class _Checker:
         problem = formats.row_problem(value, self.fmt, self.columns)
         if problem is None:
             return None
-        return f"{row.where}: {problem}. Fix: correct or remove {row.name}{self._hint(value)}."
-
-    def _hint(self, value: Mapping[str, Any]) -> str:
         # A required column absent from the row is more often a naming mismatch than bad data.
-        assert self.columns is not None
         missing = formats.missing_columns(self.fmt, self.columns, list(value))
-        return f", or if the data names it differently set {self._renames(missing)}" \
-            if missing else ""
+        hint = f", or if the data names it differently set {self._renames(missing)}"
+        return (f"{row.where}: {problem}. Fix: correct or remove {row.name}"
+                f"{hint if missing else ''}.")
 
     def _renames(self, missing: Sequence[str]) -> str:
         assert self.columns is not None
