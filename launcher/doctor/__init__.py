@@ -1,9 +1,7 @@
 """`ftl doctor [--json] [overrides]`: what breaks multi-node jobs, checked on the run's own
-world before training. Here the launching side: it starts DOCTOR_MODULE instead of the worker
-on every rank (the launcher's own output goes to logs/doctor.log, named when something
-fails); rank.py joins and measures, checks.py judges (pure). The flow and the checks:
-docs/design.md "The ranks".
-"""
+world before training. The launching side is here: DOCTOR_MODULE runs instead of the worker
+on every rank (the launcher's output: logs/doctor.log); rank.py joins and measures,
+checks.py judges (pure). The flow and the checks: docs/design.md "The ranks"."""
 
 from __future__ import annotations
 
