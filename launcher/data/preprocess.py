@@ -234,11 +234,9 @@ def load_rows(split: Path) -> ArrowRows:
     import pyarrow as pa
 
     state = json.loads((split / "state.json").read_text())
-    tables = []
-    for entry in state["_data_files"]:
-        # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
-        source = pa.memory_map(str(split / entry["filename"]))
-        tables.append(pa.ipc.open_stream(source).read_all())
+    # Mapped, not read: the table's buffers are the page cache, shared by the ranks.
+    tables = [pa.ipc.open_stream(pa.memory_map(str(split / entry["filename"]))).read_all()
+              for entry in state["_data_files"]]
     return ArrowRows(pa.concat_tables(tables))
 
 

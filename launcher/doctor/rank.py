@@ -98,16 +98,12 @@ def versions() -> dict[str, str | None]:
     import torch
 
     cuda = torch.version.cuda if torch.cuda.is_available() else None
-    nccl = None
-    if cuda is not None:
-        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda is not None else None
     return {"torch": torch.__version__, "cuda": cuda, "nccl": nccl, "driver": driver()}
 
 
 def driver() -> str | None:
     """The NVIDIA driver's version (nvidia-smi), None without one."""
-    if shutil.which("nvidia-smi") is None:
-        return None
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30, check=True).stdout

@@ -87,9 +87,8 @@ def compare(cfg: RunConfig, run_dir: RunDir) -> ExamplesRecord:
     final, tokenizer = load_for_inference(run_dir.model)
     conversations = [messages for messages, _ in prompts]
     # One token more than the longest reference: a longer answer cannot match anyway.
-    longest = max((len(tokenizer(ref, add_special_tokens=False)["input_ids"])
-                   for _, ref in prompts), default=0)
-    budget = longest + 1
+    budget = 1 + max((len(tokenizer(ref, add_special_tokens=False)["input_ids"])
+                      for _, ref in prompts), default=0)
     after = answers(final, tokenizer, conversations, budget)
     before = answers(initial_model(cfg, tokenizer), tokenizer, conversations, budget)
     rows = [Example(prompt=last_user_turn(messages), expected=ref, before=b, after=a)
