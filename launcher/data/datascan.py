@@ -231,16 +231,12 @@ def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
     line = reader.line_num
     for values in reader:
         first, line = line + 1, reader.line_num
-        if values:
-            yield _csv_row(path, first, header, values)
-
-
-def _csv_row(path: Path, line: int, header: list[str], values: list[str]) -> _Item:
-    if len(values) > len(header):
-        return (f"{path}:{line}: has {len(values)} values, the header has {len(header)} "
-                f"columns. Fix: quote the values that hold commas, or correct or remove line "
-                f"{line}.")
-    return _Row(path, "line", line, dict(zip(header, values, strict=False)))
+        if len(values) > len(header):
+            yield (f"{path}:{first}: has {len(values)} values, the header has {len(header)} "
+                   f"columns. Fix: quote the values that hold commas, or correct or remove "
+                   f"line {first}.")
+        elif values:
+            yield _Row(path, "line", first, dict(zip(header, values, strict=False)))
 
 
 # ---------------------------------------------------------------------------- parquet
