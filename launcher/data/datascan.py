@@ -224,8 +224,7 @@ def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
     if header is None or not any(name.strip() for name in header):
         yield _empty(path)
         return
-    problem = checker.missing_header(header)
-    if problem is not None:
+    if (problem := checker.missing_header(header)) is not None:
         yield problem
         return
     line = reader.line_num
@@ -251,8 +250,7 @@ def _read_parquet(path: Path, checker: _Checker) -> Iterator[_Item]:
         return
     try:
         parquet = pq.ParquetFile(path)
-        problem = checker.missing_header(parquet.schema_arrow.names)
-        if problem is not None:
+        if (problem := checker.missing_header(parquet.schema_arrow.names)) is not None:
             yield problem
             return
         batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)

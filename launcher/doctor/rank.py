@@ -54,8 +54,8 @@ class RankFacts:
     data_built: bool = False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    args = sys.argv[1:]
     if len(args) != 1:
         print("usage: python -m launcher.doctor.rank RUN_DIR", file=sys.stderr)
         return 2
