@@ -42,11 +42,10 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
         evaluation = split_records(cfg)[1]
     if evaluation is None:
         return []
-    columns = column_map(cfg.dataset.format, asdict(cfg.dataset.columns),
-                         evaluation.column_names)
+    columns = column_map(data.format, asdict(data.columns), evaluation.column_names)
     prompts = []
     for row in evaluation.select(range(min(count, len(evaluation)))):
-        messages = messages_of(row, cfg.dataset.format, columns)
+        messages = messages_of(row, data.format, columns)
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
         if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
             prompts.append((messages[:first], messages[first]["content"]))

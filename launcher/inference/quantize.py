@@ -52,19 +52,6 @@ class QuantizedTensor:
     threshold: torch.Tensor  # float32 clip T used (max|x| when nothing is clipped)
 
 
-def _check_args(scheme: str, granularity: str, clip_percentile: float | None) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"unknown granularity {granularity!r}; expected one of {GRANULARITIES}")
-    if clip_percentile is None:
-        return
-    if scheme != "clip":
-        raise ValueError(f"clip_percentile only applies to scheme 'clip', not {scheme!r}")
-    if not 50.0 < clip_percentile < 100.0:
-        raise ValueError(f"clip_percentile must be in (50, 100), got {clip_percentile}")
-
-
 def _observer(symmetric: bool, per_channel: bool) -> MinMaxObserver | PerChannelMinMaxObserver:
     """The torch observer whose qparams are the issue's scheme.
 
@@ -150,7 +137,14 @@ def quantize_tensor(
     x: torch.Tensor, scheme: str, granularity: str, clip_percentile: float | None = None
 ) -> QuantizedTensor:
     """int8-quantize one tensor; per channel means per slice along axis 0 (a Linear's rows)."""
-    _check_args(scheme, granularity, clip_percentile)
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity {granularity!r}; expected one of {GRANULARITIES}")
+    if clip_percentile is not None and scheme != "clip":
+        raise ValueError(f"clip_percentile only applies to scheme 'clip', not {scheme!r}")
+    if clip_percentile is not None and not 50.0 < clip_percentile < 100.0:
+        raise ValueError(f"clip_percentile must be in (50, 100), got {clip_percentile}")
     per_channel = granularity == "channel"
     x = x.detach().to("cpu", torch.float32).contiguous()
     if per_channel and x.dim() < 1:
