@@ -23,12 +23,9 @@ def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
     from launcher.inference.quantize import is_quantized_dir, load_quantized
 
     check_causal_lm_dir(model_dir)
-    if is_quantized_dir(model_dir):
-        model = load_quantized(model_dir)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model.eval(), tokenizer
+    model = (load_quantized(model_dir) if is_quantized_dir(model_dir)
+             else AutoModelForCausalLM.from_pretrained(model_dir))
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
 def check_causal_lm_dir(model_dir: Path) -> None:
