@@ -80,10 +80,9 @@ def data_key(cfg: RunConfig) -> str:
 
 
 def _source_digest(path: str) -> str:
-    local = Path(local_or_as_is(path)) if path else None
-    if local is None or not local.is_file():
-        return path  # a hub id: its name (the hub has no content hash to read offline)
-    return _file_digest(local)
+    local = Path(local_or_as_is(path))
+    # A hub id (or no file): its name, the hub has no content hash to read offline.
+    return _file_digest(local) if path and local.is_file() else path
 
 
 def _file_digest(path: Path) -> str:
