@@ -203,7 +203,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 @verb("doctor", "start the run's ranks and check what breaks multi-node jobs; one table",
       JSON, OVERRIDES)
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from launcher.doctor.verb import doctor
+    from launcher.doctor import doctor
 
     return doctor(args.overrides, as_json=args.json)
 

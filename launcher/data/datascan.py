@@ -1,16 +1,10 @@
-"""Check a local training data file row by row before anything launches.
+"""Check a local training data file row by row before anything launches: a bad line in a
+million-row file fails `ftl train` in seconds, naming the file and the line, not minutes
+later inside a rank. So the scan streams (JSON Lines and CSV a line at a time, parquet a
+record batch at a time; a .json array has to be parsed whole) and keeps no checked row.
 
-A bad line in a million-row file should fail `ftl train` in seconds, naming the file and the
-line, not minutes later inside a rank after `datasets` has tokenized half of it. So the scan
-streams: JSON Lines and CSV are read a line at a time, parquet a record batch at a time, and
-no row is kept once it has been checked (a .json file holding one JSON array is the exception:
-an array has to be parsed whole).
-
-Each row is checked with `formats.row_problem`, the same rule the encoder applies. Problems
-name the file and where in it: `FILE:LINE` for JSON Lines and CSV (lines count from 1, blank
-ones included), `FILE: element N` for a JSON array and `FILE: row N` for parquet (both count
-from 1 too). The scan stops after `limit` problems: ten bad rows show the pattern, a million
-would bury it.
+Each row is checked with `formats.row_problem`, the encoder's rule. The scan stops after
+`limit` problems: ten bad rows show the pattern, a million would bury it.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from typing import Any, NamedTuple
 
 from launcher.data import formats
 
-WHITESPACE = b" \t\r\n"
 _decode_json = json.JSONDecoder().decode
 """json.loads without its per-call checks: it runs once per line of a million-line file."""
 PARQUET_BATCH_ROWS = 1024
@@ -104,14 +97,11 @@ class _Checker:
         problem = formats.row_problem(value, self.fmt, self.columns)
         if problem is None:
             return None
-        return f"{row.where}: {problem}. Fix: correct or remove {row.name}{self._hint(value)}."
-
-    def _hint(self, value: Mapping[str, Any]) -> str:
         # A required column absent from the row is more often a naming mismatch than bad data.
-        assert self.columns is not None
         missing = formats.missing_columns(self.fmt, self.columns, list(value))
-        return f", or if the data names it differently set {self._renames(missing)}" \
-            if missing else ""
+        hint = f", or if the data names it differently set {self._renames(missing)}"
+        return (f"{row.where}: {problem}. Fix: correct or remove {row.name}"
+                f"{hint if missing else ''}.")
 
     def _renames(self, missing: Sequence[str]) -> str:
         assert self.columns is not None
@@ -151,23 +141,15 @@ def scan_file(path: Path, fmt: str, renames: Mapping[str, str], limit: int = 10)
 
 
 def _read_json(path: Path, checker: _Checker) -> Iterator[_Item]:
-    """A .json file: one JSON array if it starts with `[`, else JSON Lines."""
-    if _first_char(path) == b"[":
-        return _read_json_array(path)
-    return _read_json_lines(path, checker)
-
-
-def _read_json_lines(path: Path, checker: _Checker) -> Iterator[_Item]:
-    if _first_char(path) == b"":
+    """JSON Lines; a .json file that starts with `[` is one JSON array."""
+    first = _first_char(path)
+    if first == b"":
         yield _empty(path)
-        return
-    offset = 0
-    # Binary lines, decoded one by one: a stray latin-1 byte is named by line and offset.
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            start, offset = offset, offset + len(raw)
-            if not raw.isspace():
-                yield _json_line(path, number, raw, start)
+    elif first == b"[" and path.suffix.lower() == ".json":
+        yield from _read_json_array(path)
+    else:
+        yield from (_json_line(path, number, raw, start)
+                    for number, raw, start in _lines(path) if not raw.isspace())
 
 
 def _json_line(path: Path, number: int, raw: bytes, start: int) -> _Item:
@@ -207,7 +189,7 @@ def _first_char(path: Path) -> bytes:
     """The first non-whitespace byte, b"" for an empty file; reads only as far as needed."""
     with path.open("rb") as handle:
         while block := handle.read(1 << 16):
-            stripped = block.lstrip(WHITESPACE)
+            stripped = block.lstrip(b" \t\r\n")  # JSON's whitespace
             if stripped:
                 return stripped[:1]
     return b""
@@ -242,23 +224,18 @@ def _csv_records(path: Path, checker: _Checker, reader: Any) -> Iterator[_Item]:
     if header is None or not any(name.strip() for name in header):
         yield _empty(path)
         return
-    problem = checker.missing_header(header)
-    if problem is not None:
+    if (problem := checker.missing_header(header)) is not None:
         yield problem
         return
     line = reader.line_num
     for values in reader:
         first, line = line + 1, reader.line_num
-        if values:
-            yield _csv_row(path, first, header, values)
-
-
-def _csv_row(path: Path, line: int, header: list[str], values: list[str]) -> _Item:
-    if len(values) > len(header):
-        return (f"{path}:{line}: has {len(values)} values, the header has {len(header)} "
-                f"columns. Fix: quote the values that hold commas, or correct or remove line "
-                f"{line}.")
-    return _Row(path, "line", line, dict(zip(header, values, strict=False)))
+        if len(values) > len(header):
+            yield (f"{path}:{first}: has {len(values)} values, the header has {len(header)} "
+                   f"columns. Fix: quote the values that hold commas, or correct or remove "
+                   f"line {first}.")
+        elif values:
+            yield _Row(path, "line", first, dict(zip(header, values, strict=False)))
 
 
 # ---------------------------------------------------------------------------- parquet
@@ -273,15 +250,13 @@ def _read_parquet(path: Path, checker: _Checker) -> Iterator[_Item]:
         return
     try:
         parquet = pq.ParquetFile(path)
-        problem = checker.missing_header(parquet.schema_arrow.names)
-        if problem is not None:
+        if (problem := checker.missing_header(parquet.schema_arrow.names)) is not None:
             yield problem
             return
-        number = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            for value in batch.to_pylist():
-                number += 1
-                yield _Row(path, "row", number, value)
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        values = (value for batch in batches for value in batch.to_pylist())
+        for number, value in enumerate(values, start=1):
+            yield _Row(path, "row", number, value)
     except (pa.ArrowException, OSError) as error:
         yield (f"{path}: not a readable parquet file ({error}). Fix: rewrite it, e.g. with "
                "pandas' to_parquet, or use JSON Lines.")
@@ -306,21 +281,28 @@ def _not_utf8(path: Path, line: int, byte: int, offset: int) -> str:
             f"> fixed{path.suffix}`.")
 
 
-def _first_non_utf8_line(path: Path) -> str:
+def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
+    """(number from 1, line, its byte offset): binary lines, decoded one by one by the
+    caller, so a stray latin-1 byte is named by line and offset."""
     offset = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                return _not_utf8(path, number, raw[error.start], offset + error.start)
+            yield number, raw, offset
             offset += len(raw)
+
+
+def _first_non_utf8_line(path: Path) -> str:
+    for number, raw, start in _lines(path):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return _not_utf8(path, number, raw[error.start], start + error.start)
     # A multi-byte character cut by the end of the file.
     return f"{path}: not UTF-8 at its end. Fix: re-encode the file as UTF-8."
 
 
 _READERS: dict[str, Callable[[Path, _Checker], Iterator[_Item]]] = {
-    ".jsonl": _read_json_lines,
+    ".jsonl": _read_json,
     ".json": _read_json,
     ".csv": _read_csv,
     ".parquet": _read_parquet,

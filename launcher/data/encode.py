@@ -1,13 +1,9 @@
-"""Rows -> token ids and labels: the chat template, assistant-only loss, truncation.
-
-Chat rows are rendered with the tokenizer's own template (BUILTIN_CHAT_TEMPLATE when it has
-none), so a fine-tuned instruct model keeps its format. Assistant turn i is trained from the
-end of `render(messages[:i], add_generation_prompt=True)` to the end of
-`render(messages[:i + 1])`: with its end-of-turn text (the model learns to stop), without the
-whitespace after it, and with no `{% generation %}` markers (most templates lack them).
-Raw rows (prompt_completion, text) are bos + pieces + eos. A token is trained when its first
-character lies in a trained span; label 0 is always -100: in a packed row the previous
-example's last token must not learn to predict it.
+"""Rows -> token ids and labels: the chat template, assistant-only loss, truncation
+(docs/design.md "Data"). Assistant turn i is trained from the end of
+`render(messages[:i], add_generation_prompt=True)` to the end of `render(messages[:i + 1])`:
+with its end-of-turn text (the model learns to stop), without the whitespace after it, and
+with no `{% generation %}` markers (most templates lack them). Label 0 is always -100: in a
+packed row the previous example's last token must not learn to predict it.
 """
 
 from __future__ import annotations
@@ -152,7 +148,8 @@ def label_tokens(
 
 
 def chat_template_for(tokenizer: Any, mode: str) -> tuple[str, bool]:
-    """(template, is_builtin): the tokenizer's own unless it has none or mode=builtin."""
+    """(template, is_builtin): the tokenizer's own (a fine-tuned instruct model keeps its
+    format) unless it has none or mode=builtin."""
     own = getattr(tokenizer, "chat_template", None)
     if mode == "builtin" or not own:
         return BUILTIN_CHAT_TEMPLATE, True

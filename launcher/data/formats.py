@@ -1,22 +1,13 @@
 """What one data row means, per `dataset.format`: a conversation or raw text pieces (each
 format's row and what is trained: the table in README "Data"); `dataset.columns` renames the
 fields, e.g. `dataset.columns.messages=conversation`.
-
-Pure and light (no `datasets`, no tokenizer): the streaming scanner (datascan.py) checks
-every row with `row_problem` before anything launches, and the encoder (encode.py) turns
-checked rows into token ids.
+Pure and light (no `datasets`, no tokenizer): datascan.py and encode.py apply its rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-CHAT_FORMATS = ("chat", "sharegpt", "alpaca")
-"""Formats rendered through a chat template."""
-RAW_FORMATS = ("prompt_completion", "text")
-"""Formats tokenized as plain text pieces."""
-FORMATS = CHAT_FORMATS + RAW_FORMATS
 
 FIELDS: dict[str, dict[str, bool]] = {
     "chat": {"messages": True},
@@ -26,6 +17,9 @@ FIELDS: dict[str, dict[str, bool]] = {
     "text": {"text": True},
 }
 """format -> {field: required}. A field's column is the field's name unless renamed."""
+FORMATS = tuple(FIELDS)
+CHAT_FORMATS = ("chat", "sharegpt", "alpaca")
+"""Formats rendered through a chat template; the others are tokenized as plain text pieces."""
 
 DEFAULT_COLUMNS: dict[str, dict[str, str]] = {"sharegpt": {"messages": "conversations"}}
 CHAT_COLUMN_FALLBACK = "conversations"

@@ -2,8 +2,7 @@
 
 Runs where the data is prepared (preprocess.py) and in the ranks' collators; `datasets` and
 TRL are imported inside functions. Packing, and why packed batches carry position_ids and no
-attention mask: docs/design.md "Data". A batch's tail padding is one more "example" with its
-own positions, so it is isolated too.
+attention mask: docs/design.md "Data".
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ LOCAL_LOADERS: dict[str, str] = {
     ".csv": "csv",
     ".parquet": "parquet",
 }
-"""File extension -> `datasets` builder."""
 
 LARGE_ROWS = 20_000
 """From this many rows tokenizing uses several processes (below, their start-up costs more)
@@ -85,9 +83,7 @@ def _load_local(path: Path) -> Dataset:
 
 
 def _load_hub(dataset_id: str) -> Dataset:
-    """A hub dataset (or a local dataset directory) through `datasets.load_dataset`. This
-    needs the hub (or its cache); on a machine without one, download the data and point
-    dataset.path at the file."""
+    """A hub dataset (it needs the hub or its cache) or a local dataset directory."""
     from datasets import load_dataset
 
     try:
@@ -101,7 +97,6 @@ def _load_hub(dataset_id: str) -> Dataset:
 
 
 def check_fields(columns: list[str], fmt: str, renames: Mapping[str, str], source: str) -> None:
-    """DataError naming the missing columns, the file and the fix."""
     missing = missing_columns(fmt, column_map(fmt, renames, columns), columns)
     if not missing:
         return
@@ -180,7 +175,8 @@ def encode_splits(
 
 
 def encode(records: Dataset, encoder: Encoder, source: str, processes: int | None) -> Dataset:
-    """input_ids and labels per row; DataError naming the row on a bad one."""
+    """input_ids and labels per row; DataError naming the row on a bad one, or when no row
+    has a trained token within dataset.max_length."""
     try:
         encoded = records.map(
             encoder.encode, batched=True, with_indices=True, num_proc=processes,
@@ -189,22 +185,18 @@ def encode(records: Dataset, encoder: Encoder, source: str, processes: int | Non
         )
     except RowError as error:
         raise DataError(f"{source}: {error}") from None
-    _report_lengths(encoded, len(records), encoder.max_length, source)
-    return encoded.remove_columns("full_length")
-
-
-def _report_lengths(encoded: Dataset, rows: int, max_length: int, source: str) -> None:
+    max_length, dropped = encoder.max_length, len(records) - len(encoded)
     if len(encoded) == 0:
         raise DataError(
-            f"{source}: every one of the {rows} example(s) is longer than dataset.max_length="
+            f"{source}: every one of the {dropped} example(s) is longer than dataset.max_length="
             f"{max_length} before its first trained token, so nothing is left to train on. "
             "Fix: raise dataset.max_length (up to the model's context) or shorten the data"
         )
-    dropped = rows - len(encoded)
     truncated = sum(1 for n in encoded["full_length"] if n > max_length)
     if dropped or truncated:
         log.warning("%s: %d example(s) truncated to dataset.max_length=%d, %d dropped (no "
                     "trained token left)", source, truncated, max_length, dropped)
+    return encoded.remove_columns("full_length")
 
 
 def pack(encoded: Dataset, max_length: int) -> Dataset:
@@ -285,9 +277,7 @@ def collator(tokenizer: Any, packed: bool = False, sp: int = 1,
              max_length: int = 0) -> Collator:
     """The batch collator for encoded rows (packed: rows with position_ids; sp: the
     sequence-parallel size, whose batches are max_length rounded up to a multiple of sp)."""
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        pad = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise DataError("the tokenizer has neither a pad nor an eos token; give it a pad_token")
     sp_width = -(-max_length // sp) * sp if sp > 1 else None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import cache_home, local_or_as_is
-from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
+from launcher.data.encode import BUILTIN_CHAT_TEMPLATE, IGNORE_INDEX
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -80,10 +80,9 @@ def data_key(cfg: RunConfig) -> str:
 
 
 def _source_digest(path: str) -> str:
-    local = Path(local_or_as_is(path)) if path else None
-    if local is None or not local.is_file():
-        return path  # a hub id: its name (the hub has no content hash to read offline)
-    return _file_digest(local)
+    local = Path(local_or_as_is(path))
+    # A hub id (or no file): its name, the hub has no content hash to read offline.
+    return _file_digest(local) if path and local.is_file() else path
 
 
 def _file_digest(path: Path) -> str:
@@ -115,7 +114,8 @@ def ensure_prepared(
     cfg: RunConfig, directory: Path, tokenizer: Any = None, progress: bool = True,
     builder: str = "ftl",
 ) -> Prepared:
-    """The cached result, else build it now (loading the tokenizer if not given)."""
+    """The cached result, else built now (loading the tokenizer if not given) into a
+    temporary sibling that is renamed into place: complete or absent."""
     found = read_prepared(directory)
     if found is not None:
         return found
@@ -130,13 +130,6 @@ def ensure_prepared(
         from launcher.rank.model import load_tokenizer
 
         tokenizer = load_tokenizer(cfg)
-    return build(cfg, directory, tokenizer, progress, builder)
-
-
-def build(
-    cfg: RunConfig, directory: Path, tokenizer: Any, progress: bool, builder: str
-) -> Prepared:
-    """Tokenize (and pack) into a temporary sibling, then rename it into place."""
     from launcher.data.loading import encode_splits
 
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +160,7 @@ def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) ->
     table = train.with_format("arrow")[:]
     tokens = int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
     labels = pc.list_flatten(table["labels"])
-    trained = int(pc.sum(pc.not_equal(labels, -100).cast("int64")).as_py() or 0)
+    trained = int(pc.sum(pc.not_equal(labels, IGNORE_INDEX).cast("int64")).as_py() or 0)
     rows = len(train)
     return Prepared(
         train=str(directory / "train"), eval=str(directory / "eval") if has_eval else None,

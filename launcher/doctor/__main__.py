@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launcher.doctor.verb import show
+from launcher.doctor import show
 from launcher.rundir import RunDir
 
 if __name__ == "__main__":

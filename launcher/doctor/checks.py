@@ -5,8 +5,10 @@ check (naming the node and rank of a failure and the fix), and the table.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
+
+from launcher.rundir.records import Record
 
 OK, FAIL, INFO = "ok", "FAIL", "info"
 SLOW_FRACTION = 0.5
@@ -14,14 +16,11 @@ SLOW_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(Record):
     check: str
     status: str
     detail: str
     fix: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -85,16 +84,14 @@ def _bandwidth_row(scope: str, group: list[dict[str, Any]], expected: float) -> 
 
 
 def versions(facts: list[dict[str, Any]]) -> Row:
-    seen: dict[tuple[Any, ...], list[str]] = defaultdict(list)
-    for fact in facts:
-        key = (fact["torch"], fact["cuda"], fact["nccl"], fact["driver"])
-        seen[key].append(f"node {fact['node']} ({fact['host']})")
-    texts = {key: f"torch {key[0]}, CUDA {key[1] or '-'}, NCCL {key[2] or '-'}, "
-                  f"driver {key[3] or '-'}" for key in seen}
+    seen: dict[str, list[str]] = defaultdict(list)  # the versions -> the nodes with them
+    for f in facts:
+        text = (f"torch {f['torch']}, CUDA {f['cuda'] or '-'}, NCCL {f['nccl'] or '-'}, "
+                f"driver {f['driver'] or '-'}")
+        seen[text].append(f"node {f['node']} ({f['host']})")
     if len(seen) == 1:
-        return Row("versions", OK, f"{next(iter(texts.values()))} on every node")
-    detail = "; ".join(f"{texts[key]} on {', '.join(sorted(set(nodes)))}"
-                       for key, nodes in seen.items())
+        return Row("versions", OK, f"{next(iter(seen))} on every node")
+    detail = "; ".join(f"{text} on {', '.join(sorted(set(nodes)))}" for text, nodes in seen.items())
     return Row("versions", FAIL, detail,
                "install the same torch, CUDA, NCCL and driver on every node (one image or "
                "environment; cluster.setup for module loads)")

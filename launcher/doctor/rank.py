@@ -1,4 +1,5 @@
-"""`python -m launcher.doctor.rank RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/).
+"""`python -m launcher.doctor.rank RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/):
+what it sees (versions, GPUs, the shared directories, free space) and its bandwidth figures.
 
 Exit 0 when the checks ran (their verdict is in doctor.json); a rank that fails writes
 logs/rank<R>.error like the worker.
@@ -6,12 +7,15 @@ logs/rank<R>.error like the worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,22 +24,38 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.doctor import checks
 from launcher.doctor.bandwidth import measure_world
-from launcher.doctor.facts import (
-    RankFacts,
-    free_bytes,
-    gpus,
-    sees_token,
-    token_file,
-    versions,
-    write_token,
-)
 from launcher.rank.startup import World, backend, join_world, node_name
 from launcher.rank.worker import exit_now, write_error
 from launcher.rundir import DoctorReport, RunDir
 
+TOKEN_WAIT_S = 3.0
+"""A network filesystem may show a new file to the other nodes a moment late."""
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+
+@dataclass
+class RankFacts:
+    rank: int
+    node: int
+    host: str
+    local_rank: int
+    torch: str = ""
+    cuda: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+    gpus: list[str] = field(default_factory=list)
+    """Names of the GPUs this rank's process can see."""
+    visible_devices: str | None = None
+    """CUDA_VISIBLE_DEVICES as this rank has it."""
+    output_dir: str = ""
+    output_shared: bool = False
+    free_bytes: int = 0
+    cache_root: str = ""
+    cache_shared: bool = False
+    data_built: bool = False
+
+
+def main() -> int:
+    args = sys.argv[1:]
     if len(args) != 1:
         print("usage: python -m launcher.doctor.rank RUN_DIR", file=sys.stderr)
         return 2
@@ -59,7 +79,8 @@ def examine(run_dir: RunDir) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     on_gpu = not gpu_preset(cfg.cluster.gpu).is_cpu
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-    facts = RankFacts(world.rank, world.node, node_name(), local_rank, gpus=gpus(),
+    gpus = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+    facts = RankFacts(world.rank, world.node, node_name(), local_rank, gpus=gpus,
                       visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                       **versions())
     shared_dirs(cfg, run_dir, world, facts)
@@ -73,32 +94,68 @@ def examine(run_dir: RunDir) -> None:
     dist.barrier()
 
 
+def versions() -> dict[str, str | None]:
+    import torch
+
+    cuda = torch.version.cuda if torch.cuda.is_available() else None
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda is not None else None
+    return {"torch": torch.__version__, "cuda": cuda, "nccl": nccl, "driver": driver()}
+
+
+def driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
 def shared_dirs(cfg: RunConfig, run_dir: RunDir, world: World, facts: RankFacts) -> None:
     """Rank 0 writes one token into the run dir (inside run.output_dir) and one into the
-    data cache's root; every rank reads both back, then rank 0 removes them."""
+    data cache's root; every rank reads both back (a node-local disk at the same path has
+    other contents), then rank 0 removes them."""
     import torch.distributed as dist
+
+    from launcher.data.preprocess import read_prepared
 
     data_dir = Path(run_dir.read_plan().data_dir or "")
     cache_root = data_dir.parent
     box = [secrets.token_hex(8) if world.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     token = str(box[0])
+    tokens = [directory / f".ftl-doctor-{token}" for directory in (run_dir.doctor_dir,
+                                                                    cache_root)]
     if world.rank == 0:
-        write_token(run_dir.doctor_dir, token)
-        write_token(cache_root, token)
+        for path in tokens:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(token)
+        os.sync()  # what a network filesystem flushes on close anyway; cheap here
     dist.barrier()
-    from launcher.data.preprocess import read_prepared
-
     facts.output_dir = str(run_dir.path)
-    facts.output_shared = sees_token(run_dir.doctor_dir, token)
-    facts.free_bytes = free_bytes(run_dir.path)
+    facts.output_shared = sees_token(tokens[0], token)
+    with contextlib.suppress(OSError):
+        facts.free_bytes = shutil.disk_usage(run_dir.path).free
     facts.cache_root = str(cache_root)
-    facts.cache_shared = sees_token(cache_root, token)
+    facts.cache_shared = sees_token(tokens[1], token)
     facts.data_built = read_prepared(data_dir) is not None
     dist.barrier()
     if world.rank == 0:
-        for directory in (run_dir.doctor_dir, cache_root):
-            token_file(directory, token).unlink(missing_ok=True)
+        for path in tokens:
+            path.unlink(missing_ok=True)
+
+
+def sees_token(path: Path, token: str) -> bool:
+    """Rank 0's token file, with its token inside, within TOKEN_WAIT_S."""
+    deadline = time.monotonic() + TOKEN_WAIT_S
+    while True:
+        with contextlib.suppress(OSError):
+            if path.read_text() == token:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: float) -> None:

@@ -6,6 +6,7 @@ before/after-quantization check needs). The template: docs/design.md "After trai
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from functools import cache
@@ -22,18 +23,13 @@ def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
     from launcher.inference.quantize import is_quantized_dir, load_quantized
 
     check_causal_lm_dir(model_dir)
-    if is_quantized_dir(model_dir):
-        model = load_quantized(model_dir)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model.eval(), tokenizer
+    model = (load_quantized(model_dir) if is_quantized_dir(model_dir)
+             else AutoModelForCausalLM.from_pretrained(model_dir))
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
 def check_causal_lm_dir(model_dir: Path) -> None:
     """A directory with an HF config whose architecture is a causal LM."""
-    import json
-
     config = model_dir / "config.json"
     if not config.is_file():
         raise ConfigError(
@@ -69,11 +65,6 @@ def _builtin_notice() -> None:
           "'### Human: / ### Assistant:' template", file=sys.stderr)
 
 
-def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], max_new_tokens: int) -> str:
-    """The model's greedy answer to the conversation."""
-    return answers(model, tokenizer, [messages], max_new_tokens)[0]
-
-
 def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, str]]],
             max_new_tokens: int) -> list[str]:
     """Greedy answers, in order; prompts of one token length share a batch, unpadded, so
@@ -105,15 +96,15 @@ def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens
     model, tokenizer = load_for_inference(model_dir)
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
-        print(reply(model, tokenizer, [*messages, {"role": "user", "content": prompt}],
-                    max_new_tokens))
+        print(answers(model, tokenizer, [[*messages, {"role": "user", "content": prompt}]],
+                      max_new_tokens)[0])
         return 0
     print("ftl chat: type a message (Ctrl-D or /exit to leave)", file=sys.stderr)
     for line in sys.stdin:
         if line.strip() == "/exit":
             break
         messages.append({"role": "user", "content": line.rstrip("\n")})
-        answer = reply(model, tokenizer, messages, max_new_tokens)
+        answer = answers(model, tokenizer, [messages], max_new_tokens)[0]
         messages.append({"role": "assistant", "content": answer})
         print(answer, flush=True)
     return 0

@@ -1,9 +1,6 @@
-"""`train.show_examples=N`: held-out prompts answered before and after training.
-
-Runs in the launcher process once the ranks have finished, on its CPU (small models only);
-what is asked, of which models, and what is printed and written: docs/design.md "After
-training". An answer matches when its text equals the reference's (surrounding whitespace
-aside). torch and transformers are imported only when it runs (start-up stays light).
+"""`train.show_examples=N`: held-out prompts answered before and after training, in the
+launcher process once the ranks have finished, on its CPU (small models only); what is
+asked, of which models, and what is printed and written: docs/design.md "After training".
 """
 
 from __future__ import annotations
@@ -45,11 +42,10 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
         evaluation = split_records(cfg)[1]
     if evaluation is None:
         return []
-    columns = column_map(cfg.dataset.format, asdict(cfg.dataset.columns),
-                         evaluation.column_names)
+    columns = column_map(data.format, asdict(data.columns), evaluation.column_names)
     prompts = []
     for row in evaluation.select(range(min(count, len(evaluation)))):
-        messages = messages_of(row, cfg.dataset.format, columns)
+        messages = messages_of(row, data.format, columns)
         first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
         if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
             prompts.append((messages[:first], messages[first]["content"]))
@@ -90,9 +86,8 @@ def compare(cfg: RunConfig, run_dir: RunDir) -> ExamplesRecord:
     final, tokenizer = load_for_inference(run_dir.model)
     conversations = [messages for messages, _ in prompts]
     # One token more than the longest reference: a longer answer cannot match anyway.
-    longest = max((len(tokenizer(ref, add_special_tokens=False)["input_ids"])
-                   for _, ref in prompts), default=0)
-    budget = longest + 1
+    budget = 1 + max((len(tokenizer(ref, add_special_tokens=False)["input_ids"])
+                      for _, ref in prompts), default=0)
     after = answers(final, tokenizer, conversations, budget)
     before = answers(initial_model(cfg, tokenizer), tokenizer, conversations, budget)
     rows = [Example(prompt=last_user_turn(messages), expected=ref, before=b, after=a)

@@ -52,19 +52,6 @@ class QuantizedTensor:
     threshold: torch.Tensor  # float32 clip T used (max|x| when nothing is clipped)
 
 
-def _check_args(scheme: str, granularity: str, clip_percentile: float | None) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"unknown granularity {granularity!r}; expected one of {GRANULARITIES}")
-    if clip_percentile is None:
-        return
-    if scheme != "clip":
-        raise ValueError(f"clip_percentile only applies to scheme 'clip', not {scheme!r}")
-    if not 50.0 < clip_percentile < 100.0:
-        raise ValueError(f"clip_percentile must be in (50, 100), got {clip_percentile}")
-
-
 def _observer(symmetric: bool, per_channel: bool) -> MinMaxObserver | PerChannelMinMaxObserver:
     """The torch observer whose qparams are the issue's scheme.
 
@@ -109,14 +96,9 @@ def _symmetric_mse(rows: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
 def _best_fraction(rows: torch.Tensor, amax: torch.Tensor, fractions: torch.Tensor) -> torch.Tensor:
     """Per row, the candidate fraction of max|x| with the lowest MSE ([K] or [R, K] candidates)."""
     fractions = fractions.expand(rows.shape[0], -1)
-    best_err = torch.full_like(amax, float("inf"))
-    best = torch.ones_like(amax)
-    for k in range(fractions.shape[1]):
-        err = _symmetric_mse(rows, amax * fractions[:, k])
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best = torch.where(better, fractions[:, k], best)
-    return best
+    # One candidate at a time: all at once would hold K copies of the weight.
+    errors = torch.stack([_symmetric_mse(rows, amax * f) for f in fractions.T], dim=1)
+    return fractions.gather(1, errors.argmin(dim=1, keepdim=True))[:, 0]  # first on a tie
 
 
 def mse_thresholds(rows: torch.Tensor) -> torch.Tensor:
@@ -155,7 +137,14 @@ def quantize_tensor(
     x: torch.Tensor, scheme: str, granularity: str, clip_percentile: float | None = None
 ) -> QuantizedTensor:
     """int8-quantize one tensor; per channel means per slice along axis 0 (a Linear's rows)."""
-    _check_args(scheme, granularity, clip_percentile)
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; expected one of {SCHEMES}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity {granularity!r}; expected one of {GRANULARITIES}")
+    if clip_percentile is not None and scheme != "clip":
+        raise ValueError(f"clip_percentile only applies to scheme 'clip', not {scheme!r}")
+    if clip_percentile is not None and not 50.0 < clip_percentile < 100.0:
+        raise ValueError(f"clip_percentile must be in (50, 100), got {clip_percentile}")
     per_channel = granularity == "channel"
     x = x.detach().to("cpu", torch.float32).contiguous()
     if per_channel and x.dim() < 1:
@@ -163,10 +152,8 @@ def quantize_tensor(
     rows = x.reshape(x.shape[0], -1) if per_channel else x.reshape(1, -1)
     threshold = rows.abs().amax(dim=1)
     if scheme == "clip":
-        if clip_percentile is None:
-            threshold = mse_thresholds(rows)
-        else:
-            threshold = quantile_rows(rows.abs(), clip_percentile / 100.0)
+        threshold = (mse_thresholds(rows) if clip_percentile is None
+                     else quantile_rows(rows.abs(), clip_percentile / 100.0))
         x = rows.clamp(-threshold[:, None], threshold[:, None]).reshape(x.shape)
     observer = _observer(symmetric=scheme != "zeropoint", per_channel=per_channel)
     observer(x)
@@ -205,44 +192,23 @@ def error_stats(x: torch.Tensor, qt: QuantizedTensor) -> dict[str, float]:
     }
 
 
-def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
-    """Every embedding matrix, to recognise a Linear tied to one."""
-    found = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
-    get_input = getattr(model, "get_input_embeddings", None)
-    embedding = get_input() if callable(get_input) else None
-    if embedding is not None and getattr(embedding, "weight", None) is not None:
-        found.append(embedding.weight)
-    return found
-
-
-def _is_tied(weight: torch.Tensor, embeddings: list[torch.Tensor]) -> bool:
-    """The same Parameter (HF ties that way), or the same memory (a tie made by hand)."""
-    return any(
-        weight is e or (weight.data_ptr() != 0 and weight.data_ptr() == e.data_ptr())
-        for e in embeddings
-    )
-
-
 def quantizable_layers(model: nn.Module) -> list[str]:
-    """Parameter names "<module>.weight" of every nn.Linear not tied to an embedding.
+    """Parameter names "<module>.weight" of every nn.Linear not tied to (sharing the memory
+    of) an embedding.
 
     A tied lm_head shares its matrix with embed_tokens, which is never quantized (a lookup table
     whose rows are read one at a time gains little and loses the rare tokens' precision), so
     quantizing the head would either break the tie or quantize the embedding behind our back.
     """
-    embeddings = _embedding_weights(model)
-    return [
-        f"{name}.weight"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and not _is_tied(module.weight, embeddings)
-    ]
+    tied = {m.weight.data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
+    return [f"{name}.weight" for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module.weight.data_ptr() not in tied]
 
 
 def quantize_model(
     model: nn.Module, scheme: str, granularity: str, clip_percentile: float | None = None
 ) -> tuple[dict[str, QuantizedTensor], list[dict[str, Any]]]:
     """Quantize every quantizable Linear; returns the codes and one report row per layer."""
-    _check_args(scheme, granularity, clip_percentile)
     quantized: dict[str, QuantizedTensor] = {}
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
@@ -284,7 +250,6 @@ def save_quantized(
     """
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(out_dir)
     if tokenizer is not None:
@@ -304,7 +269,7 @@ def save_quantized(
 
 def is_quantized_dir(path: Path) -> bool:
     """True for a directory written by `save_quantized` (quantization.json with our FORMAT)."""
-    config = Path(path) / QUANT_CONFIG
+    config = path / QUANT_CONFIG
     try:
         return json.loads(config.read_text()).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
@@ -334,7 +299,6 @@ def load_quantized(path: Path) -> nn.Module:
     the CPU path, see the module docstring), in eval() mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = Path(path)
     if not is_quantized_dir(path):
         raise ValueError(f"{path} is not a quantized model directory ({QUANT_CONFIG}, {FORMAT})")
     layers = json.loads((path / QUANT_CONFIG).read_text())["layers"]
@@ -355,6 +319,5 @@ def load_quantized(path: Path) -> nn.Module:
 
 def dir_size_bytes(path: Path) -> int:
     """Bytes of the weight files (*.safetensors, *.bin) in a model directory, for the report."""
-    path = Path(path)
     files = [*path.glob("*.safetensors"), *path.glob("*.bin")]
     return sum(f.stat().st_size for f in files if f.is_file())

@@ -6,6 +6,7 @@ size before and after, the tables, `--compare` (docs/design.md "After training")
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import dataclass
@@ -133,8 +134,6 @@ def run_scheme(
 
 def quantize(req: Request, as_json: bool) -> int:
     """The verb: check, measure the baseline, quantize (one scheme or all), report."""
-    import json
-
     from launcher.inference.chat import load_for_inference
     from launcher.inference.quantize import dir_size_bytes
 

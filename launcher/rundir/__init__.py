@@ -126,7 +126,7 @@ class RunDir:
 
     read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
     read_result, write_result = _json_file(RESULT, RunResult, indent=2)
-    read_examples, write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)
+    write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)[1]
     read_preempted, write_preempted = _json_file(PREEMPTED, Preempted)
     read_trackers, write_trackers = _json_file(TRACKERS, TrackerRuns)
 
@@ -256,9 +256,9 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return [value for value in values if isinstance(value, dict)]
 
 
-def new_run_dir_path(output_dir: str, run_name: str, now: datetime | None = None) -> Path:
+def new_run_dir_path(output_dir: str, run_name: str) -> Path:
     """outputs/<name>/<timestamp>, with a -N suffix if that second is taken."""
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(output_dir) / run_name
     candidate, counter = base / stamp, 1
     while candidate.exists():
@@ -286,9 +286,9 @@ def write_run_dir(final: Path, files: dict[str, str], executable: tuple[str, ...
     return final
 
 
-def write_file_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_file_atomic(path: Path, text: str) -> None:
     """One file, whole or not at all (a reader never sees half of it)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
-    tmp.chmod(mode)
+    tmp.chmod(0o644)
     os.replace(tmp, path)

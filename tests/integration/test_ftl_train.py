@@ -96,8 +96,8 @@ def assert_examples_shown(stdout: str, run_dir: RunDir, count: int) -> ExamplesR
     initial and the final model (launcher/inference/examples.py), wrote examples.json and
     printed its table and the exact-match rates; each rate is the share of its answers
     equal to the reference."""
-    record = run_dir.read_examples()
-    assert record is not None and record.count == len(record.examples) == count
+    record = ExamplesRecord.from_dict(json.loads(run_dir.examples.read_text()))
+    assert record.count == len(record.examples) == count
     eval_rows = [json.loads(line) for line in
                  (PROJECT_ROOT / "data/arith/eval.jsonl").read_text().splitlines()]
     assert [(r.prompt, r.expected) for r in record.examples] == [

@@ -17,7 +17,7 @@ from launcher.config.compose import PROJECT_ROOT, compose_config
 from launcher.data import loading
 from launcher.data.encode import IGNORE_INDEX, adopt_chat_template
 from launcher.inference import examples
-from launcher.inference.chat import prompt_ids, reply
+from launcher.inference.chat import answers, prompt_ids
 from launcher.rank.model import build_model, load_tokenizer
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
@@ -96,7 +96,7 @@ def test_a_batch_answers_what_ftl_chat_answers_each_prompt(model: Any, tokenizer
     prompts = ["12+30", "7+5", "123+456", "12+31"]  # three lengths
     conversations = [[{"role": "user", "content": p}] for p in prompts]
     batched = examples.answers(model, tokenizer, conversations, 4)
-    assert batched == [reply(model, tokenizer, c, 4) for c in conversations]
+    assert batched == [answers(model, tokenizer, [c], 4)[0] for c in conversations]
     assert len(set(batched)) > 1  # distinct answers, each in its prompt's place
 
 
