@@ -91,7 +91,7 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     cfg.strategy: the estimate asks for every row on the same run)."""
     model, tp = cfg.model, cfg.parallel.tp
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
-    bucket = strategy.bucket_size or bucket_elements(replace(cfg, strategy=strategy))
+    bucket = bucket_elements(replace(cfg, strategy=strategy))
     return PeakInputs(  # under tensor parallelism: one rank's share, over the dp ranks
         psi=rank_params(model, tp), n=cfg.shard_size, p=param_bytes(cfg.precision.name),
         grad_accum=cfg.train.grad_accum,
