@@ -25,8 +25,6 @@ from launcher.estimator.memory import (
     FIT_FRACTION,
     FRAMEWORK_BUFFER_BYTES,
     GIB,
-    activation_bytes,
-    lora_activation_bytes,
     model_state_bytes,
 )
 from launcher.estimator.peak import predict_peak
@@ -89,8 +87,6 @@ def strategy_estimate(
     """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
     states, host = model_state_bytes(cfg, strategy)
     peak = predict_peak(cfg, strategy)
-    # a frozen LoRA base keeps less than full fine-tuning
-    acts = lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
     preset = gpu_preset(cfg.cluster.gpu)
     buffers = CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
     gpu = peak.peak_bytes + buffers
@@ -102,7 +98,7 @@ def strategy_estimate(
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, acts, peak.peak_bytes, peak.steady_bytes,
+        strategy.name, states, peak.acts, peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
     )

@@ -64,6 +64,9 @@ class PeakPrediction:
     host_bytes: float
     """Largest host-side (offloaded) tensor bytes per rank on GPU presets; 0 on cpu, where
     the moments count them already."""
+    acts: float
+    """One micro batch's activations when the forward returns (a frozen LoRA base keeps
+    fewer)."""
 
     @property
     def steady_bytes(self) -> float:
@@ -116,8 +119,9 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     bitsandbytes' 4-bit kernels): its one moment is model states plus activations."""
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     if cfg.peft.name == "qlora":
-        total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
-        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0)
+        acts = activation_bytes(cfg)
+        total = model_state_bytes(cfg, strategy)[0] + acts
+        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts)
     x = peak_inputs(cfg, strategy)
     if cfg.peft.name == "lora":
         x = replace(x, acts=lora_activation_bytes(cfg))
@@ -128,6 +132,6 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))
     if on_cpu:  # one memory: the tracker counts host tensors too
-        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0)
+        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0, x.acts)
     host = max(h for _, h in moments.values())
-    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host)
+    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host, x.acts)
