@@ -77,15 +77,13 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     return tree
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def term_when_parent_dies(parent: int) -> Callable[[], None]:
     """A preexec_fn: in the child, before exec, ask for SIGTERM when `parent` dies."""
 
     def arm() -> None:
         if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
         if os.getppid() != parent:  # it died before the request was in place
             os.kill(os.getpid(), signal.SIGTERM)
 

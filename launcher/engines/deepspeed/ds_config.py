@@ -50,11 +50,6 @@ MIN_BUCKETS = 8
 other ranks own during the backward (one bucket would hold every gradient until the end)."""
 OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
 """train.optimizer: see launcher/config/schema.py (checked by launcher/config/rules.py)."""
-REFERENCE_OVERRIDES: tuple[str, ...] = (
-    "model=llama-7b",
-    "cluster.gpu=a100-80g",
-    "cluster.gpus_per_node=8",
-)
 
 # DeepSpeed's own defaults for the stage-3 limits (runtime/zero/config.py), written out.
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
@@ -188,7 +183,8 @@ def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
     from launcher.config.compose import compose_config
 
-    return compose_config([*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"])
+    return compose_config(["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+                           f"strategy={strategy}", f"precision={precision}"])
 
 
 def reference_files() -> dict[str, str]:
