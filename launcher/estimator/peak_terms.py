@@ -51,16 +51,12 @@ def larger(*splits: Split) -> Split:
     return max(splits, key=sum)
 
 
-def flat_temporaries(x: PeakInputs, numel: float) -> float:
-    """torch AdamW (single-tensor, the default on CPU) over one flat tensor: sqrt and div
-    results alive together, 8 bytes/element (measured, zero1/2 and zero3). Fused: none."""
-    return 0.0 if x.fused_optimizer else 8.0 * numel
-
-
-def per_param_temporaries(x: PeakInputs, numel: float) -> float:
-    """The same loop over separate parameters peaks at its largest one: 12 bytes/element
-    measured under DDP (ddp: 20psi + 12E to the byte)."""
-    return 0.0 if x.fused_optimizer else 12.0 * numel
+def adam_temporaries(x: PeakInputs, numel: float, flat: bool) -> float:
+    """torch AdamW (single-tensor, the default on CPU) over `numel` elements: over one flat
+    tensor its sqrt and div results alive together, 8 bytes/element (measured, zero1/2 and
+    zero3); over separate parameters it peaks at the largest one, 12 bytes/element
+    (measured under DDP: 20psi + 12E to the byte). Fused: none."""
+    return 0.0 if x.fused_optimizer else (8.0 if flat else 12.0) * numel
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,
+    adam_temporaries,
     larger,
-    per_param_temporaries,
     placed,
     with_first_step,
 )
@@ -104,7 +104,7 @@ def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
     grads = 4.0 * part
     fwd_bwd = larger(placed(offload, forward, states),
                      placed(offload, backward, states + grads))
-    temps = per_param_temporaries(x, x.largest_tensor / x.n)
+    temps = adam_temporaries(x, x.largest_tensor / x.n, flat=False)
     # FULL_STATE_DICT: rank 0 gathers the full fp32 Adam state (8psi), offloaded to its host
     # tensor by tensor (accelerate's StateDictOptions(cpu_offload=True))
     save = 8.0 * psi if x.gather_on_save else 0.0
@@ -136,8 +136,8 @@ def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str,
             "between_steps": between,
             "forward_backward": placed(offload, 3.0 * layer + x.acts + x.recompute,
                                        states + grads),
-            "optimizer_step": placed(offload, 0.0, states + grads + per_param_temporaries(
-                x, lo.largest_adapter / n)),
+            "optimizer_step": placed(offload, 0.0, states + grads + adam_temporaries(
+                x, lo.largest_adapter / n, flat=False)),
             "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
             "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),
             "final": (d + full_tensor, h + lo.model(x.psi) + lo.merge_temporaries),
