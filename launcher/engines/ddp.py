@@ -14,7 +14,6 @@ from launcher.estimator.peak_terms import (
     adam_temporaries,
     shifted,
     trainable_view,
-    with_first_step,
 )
 
 
@@ -34,11 +33,11 @@ class DdpEngine(Engine):
         return 0
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-        return with_first_step(ddp_moments(x), 8.0 * x.psi, offloaded=False)
+        return ddp_moments(x)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
-        return with_first_step(lora_ddp_moments(x, lo), 8.0 * lo.adapters, offloaded=False)
+        return lora_ddp_moments(x, lo)
 
 
 def ddp_moments(x: PeakInputs) -> dict[str, Split]:

@@ -28,7 +28,7 @@ from launcher.estimator.memory import (
     rank_sequence,
     recompute_bytes,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, with_first_step
 
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
 MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
@@ -122,12 +122,15 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
         acts = activation_bytes(cfg)
         total = model_state_bytes(cfg, strategy)[0] + acts
         return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts)
-    x = peak_inputs(cfg, strategy)
+    x, engine = peak_inputs(cfg, strategy), engine_of(strategy)
     if cfg.peft.name == "lora":
-        x = replace(x, acts=lora_activation_bytes(cfg))
-        moments = engine_of(strategy).lora_moments(x, lora_inputs(cfg, strategy), strategy)
+        x, lo = replace(x, acts=lora_activation_bytes(cfg)), lora_inputs(cfg, strategy)
+        moments, trainable = engine.lora_moments(x, lo, strategy), lo.adapters
     else:
-        moments = engine_of(strategy).moments(x, strategy)
+        moments, trainable = engine.moments(x, strategy), x.psi
+    if "first_step" not in moments:  # Adam's 8 bytes per trainable parameter, as sharded
+        adam = 8.0 * trainable / (x.n if engine.shards else 1)
+        moments = with_first_step(moments, adam, strategy.offload_optimizer)
     if cfg.parallel.tp > 1:  # rank 0 gathers the whole model's 16-bit weights to save them
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))

@@ -20,7 +20,7 @@ from launcher.engines.deepspeed.moments import (
     zero3_moments,
     zero12_moments,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
 
 
@@ -72,18 +72,15 @@ class DeepSpeedEngine(Engine):
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         offload = _offload_of_stage(strategy)
         if strategy.zero_stage == 3:
-            moments = zero3_moments(x, offload, strategy.offload_param)
-        else:
-            moments = zero12_moments(x, strategy.zero_stage, offload)
-        return with_first_step(moments, 8.0 * x.psi / x.n, offload)
+            return zero3_moments(x, offload, strategy.offload_param)
+        return zero12_moments(x, strategy.zero_stage, offload)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
         offload = _offload_of_stage(strategy)
         if strategy.zero_stage == 3:  # its first step is measured, not derived
             return lora_zero3_moments(x, lo, offload, strategy.offload_param)
-        moments = lora_zero12_moments(x, lo, strategy.zero_stage, offload)
-        return with_first_step(moments, 8.0 * lo.adapters / x.n, offload)
+        return lora_zero12_moments(x, lo, strategy.zero_stage, offload)
 
     # ------------------------------------------------------------ rank side
 

@@ -19,7 +19,6 @@ from launcher.estimator.peak_terms import (
     adam_temporaries,
     larger,
     placed,
-    with_first_step,
 )
 from launcher.rundir import RunDir
 
@@ -48,14 +47,11 @@ class FsdpEngine(Engine):
         return build_fsdp_settings(cfg)
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-        offload = strategy.offload_param  # equal to offload_optimizer (problems)
-        return with_first_step(fsdp_moments(x, offload), 8.0 * x.psi / x.n, offload)
+        return fsdp_moments(x, strategy.offload_param)  # = offload_optimizer (problems)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
-        offload = strategy.offload_param
-        return with_first_step(lora_fsdp_moments(x, lo, offload), 8.0 * lo.adapters / x.n,
-                               offload)
+        return lora_fsdp_moments(x, lo, strategy.offload_param)
 
     # ------------------------------------------------------------ rank side
 
