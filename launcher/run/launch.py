@@ -16,8 +16,9 @@ from launcher.rank.checkpoints import latest_complete_checkpoint
 from launcher.run.command import Launch, build_launch
 from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
-from launcher.run.supervise import ABORTED_EXIT, HUNG_EXIT, STOPPED_EXIT, supervise
+from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
 from launcher.rundir import (
+    HUNG_EXIT,
     LAUNCH_SCRIPT,
     RunDir,
     job_script_name,

@@ -19,13 +19,10 @@ from types import FrameType
 
 import psutil
 
-from launcher import rundir
 from launcher.rundir import RunDir
 
 STOPPED_EXIT = 75
 """Stopped after a complete checkpoint: the same command resumes (EX_TEMPFAIL, "try again")."""
-HUNG_EXIT = rundir.HUNG_EXIT
-"""The hang watchdog ended the ranks (launcher/rank/watchdog.py): resumable like 75."""
 ABORTED_EXIT = 130
 """Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
