@@ -109,9 +109,11 @@ class DeepSpeedEngine(Engine):
         from accelerate import PartialState
 
         if cfg.parallel.sp > 1:
-            from launcher.engines.deepspeed.ulysses import start_comm_on_cpu
+            # With use_cpu, accelerate never starts DeepSpeed's comm layer, which Ulysses's
+            # process groups need (`assert dist.is_initialized()` in parallel_state_sp).
+            import deepspeed
 
-            start_comm_on_cpu()
+            deepspeed.init_distributed(dist_backend="gloo")
         # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
         # as a single process (unsharded data or a train_batch_size assertion).
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
