@@ -32,7 +32,7 @@ class Engine:
     """Only rank 0 reads or builds the weights; the engine gives the others their share."""
     shards: ClassVar[bool] = True
     """It partitions training state over the ranks (strategy=auto's ladder:
-    launcher/estimator/auto.py)."""
+    launcher/estimator/auto.py; Adam's states in peak.py's first step)."""
 
     # ------------------------------------------------------------ config side (pure)
 
