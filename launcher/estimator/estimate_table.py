@@ -46,9 +46,8 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
 def _header(cfg: RunConfig, est: Estimate) -> list[str]:
     """Model, cluster, compute and the memory rules: what the rows below assume."""
     c = est.cluster
-    host = f"{c['host_memory_gib']:g} GiB host RAM/node" if c["host_memory_gib"] else (
-        "host RAM not checked (cluster.host_memory_gib=0)"
-    )
+    host = (f"{c['host_memory_gib']:g} GiB host RAM/node" if c["host_memory_gib"]
+            else "host RAM not checked (cluster.host_memory_gib=0)")
     buffers = est.strategies[0].buffer_bytes / GIB  # the same on every row
     trainable = ("all trainable" if est.trainable_params == est.params
                  else f"{_count(est.trainable_params)} trainable adapter params")
