@@ -68,7 +68,7 @@ class Engine:
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         """Per-rank (device, host) bytes at each moment of a full fine-tune
         (launcher/estimator/peak.py); without `first_step`, peak.py derives it from the
-        others (peak_terms.with_first_step)."""
+        others."""
         raise NotImplementedError(f"engine {self.name}: no peak-memory moments")
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,

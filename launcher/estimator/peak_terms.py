@@ -98,17 +98,6 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
                    autocast_acts=0.0)
 
 
-def with_first_step(moments: dict[str, Split], adam_bytes: float,
-                    offloaded: bool) -> dict[str, Split]:
-    """`moments` and the first step's, from Adam's bytes per rank (on the host when
-    `offloaded`): Adam's states appear only inside its optimizer step, so its
-    forward/backward holds everything but them (measured: fsdp's first step 834.9M = its
-    optimizer moment, below the steady backward's 991.2M)."""
-    d, h = moments["forward_backward"]
-    without_adam = (d, h - adam_bytes) if offloaded else (d - adam_bytes, h)
-    return {**moments, "first_step": larger(moments["optimizer_step"], without_adam)}
-
-
 def placed(offload: bool, device: float, host: float) -> Split:
     """FSDP's states: on the host under CPUOffloadPolicy, else on the device with the rest."""
     return (device, host) if offload else (device + host, 0.0)

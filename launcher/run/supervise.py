@@ -8,6 +8,7 @@ docs/design.md, "Stopping (`preempt.py`)".
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -26,12 +27,6 @@ STOPPED_EXIT = 75
 ABORTED_EXIT = 130
 """Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@dataclass
-class Supervised:
-    returncode: int
-    aborted: bool
 
 
 @dataclass
@@ -67,10 +62,8 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     except psutil.NoSuchProcess:
         return []
     for process in tree:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     return tree
 
 
@@ -87,8 +80,9 @@ def term_when_parent_dies(parent: int) -> Callable[[], None]:
     return arm
 
 
-def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> Supervised:
-    """Run the launcher in its own session until it exits, forwarding stop requests."""
+def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> tuple[int, bool]:
+    """Run the launcher in its own session until it exits, forwarding stop requests:
+    (its exit status, whether a second signal aborted it)."""
     child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
                              preexec_fn=term_when_parent_dies(os.getpid()))
     forwarder = StopForwarder(run_dir, child)
@@ -98,4 +92,4 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> S
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return Supervised(returncode, forwarder.aborted)
+    return returncode, forwarder.aborted
