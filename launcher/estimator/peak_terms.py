@@ -66,7 +66,7 @@ class LoraInputs:
     adapters (docs/memory-notes.md section 12); the 16-bit byte widths are derived."""
 
     adapters: int
-    """a: the trainable parameters (launcher/flops.adapter_params)."""
+    """a: the trainable parameters (flops.adapter_params)."""
     largest_adapter: int
     """Numel of the largest adapter tensor (r x the widest adapted input or output)."""
     layer_adapters: int
