@@ -75,8 +75,3 @@ def in_auto_ladder(strategy: StrategyConfig, family: str) -> bool:
     (`auto`: AUTO_FAMILY)."""
     wanted = AUTO_FAMILY if family == AUTO else family
     return not engine_of(strategy).shards or strategy.backend == wanted
-
-
-def of_engine(strategies: dict[str, StrategyConfig], backend: str) -> tuple[str, ...]:
-    """Names of the strategies run by the engine `backend`, in table order."""
-    return tuple(n for n, s in strategies.items() if s.backend == backend)

@@ -32,7 +32,7 @@ class Engine:
     """Only rank 0 reads or builds the weights; the engine gives the others their share."""
     shards: ClassVar[bool] = True
     """It partitions training state over the ranks (strategy=auto's ladder:
-    launcher/estimator/auto.py)."""
+    launcher/estimator/auto.py; Adam's states in peak.py's first step)."""
 
     # ------------------------------------------------------------ config side (pure)
 
@@ -67,7 +67,8 @@ class Engine:
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         """Per-rank (device, host) bytes at each moment of a full fine-tune
-        (launcher/estimator/peak.py)."""
+        (launcher/estimator/peak.py); without `first_step`, peak.py derives it from the
+        others."""
         raise NotImplementedError(f"engine {self.name}: no peak-memory moments")
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,

@@ -11,10 +11,9 @@ from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,
-    per_param_temporaries,
+    adam_temporaries,
     shifted,
     trainable_view,
-    with_first_step,
 )
 
 
@@ -34,11 +33,11 @@ class DdpEngine(Engine):
         return 0
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
-        return with_first_step(ddp_moments(x), 8.0 * x.psi, offloaded=False)
+        return ddp_moments(x)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
-        return with_first_step(lora_ddp_moments(x, lo), 8.0 * lo.adapters, offloaded=False)
+        return lora_ddp_moments(x, lo)
 
 
 def ddp_moments(x: PeakInputs) -> dict[str, Split]:
@@ -56,7 +55,7 @@ def ddp_moments(x: PeakInputs) -> dict[str, Split]:
     # autocast drops its cache when the forward's context exits, and the backward frees
     # the 16-bit copies it saved as it fills .grad (measured, cpu bf16: 20psi at its end)
     fwd_bwd = max(forward, between + 4.0 * psi)
-    optimizer = between + 4.0 * psi + per_param_temporaries(x, x.largest_tensor)
+    optimizer = between + 4.0 * psi + adam_temporaries(x, x.largest_tensor, flat=False)
     return {"construction": (4.0 * psi + buckets, 0.0), "between_steps": (between, 0.0),
             "forward_backward": (fwd_bwd, 0.0), "optimizer_step": (optimizer, 0.0),
             "checkpoint": (between, 0.0), "checkpoint_other_ranks": (between, 0.0)}

@@ -21,12 +21,10 @@ from launcher.estimator.flops import (
     training_tokens,
 )
 from launcher.estimator.memory import (
+    CPU_FRAMEWORK_BUFFER_BYTES,
     FIT_FRACTION,
-    activation_bytes,
-    device_memory_bytes,
-    framework_buffer_bytes,
-    host_capacity_bytes,
-    lora_activation_bytes,
+    FRAMEWORK_BUFFER_BYTES,
+    GIB,
     model_state_bytes,
 )
 from launcher.estimator.peak import predict_peak
@@ -89,15 +87,18 @@ def strategy_estimate(
     """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
     states, host = model_state_bytes(cfg, strategy)
     peak = predict_peak(cfg, strategy)
-    # a frozen LoRA base keeps less than full fine-tuning
-    acts = lora_activation_bytes(cfg) if cfg.peft.name == "lora" else activation_bytes(cfg)
-    buffers = framework_buffer_bytes(gpu_preset(cfg.cluster.gpu))
+    preset = gpu_preset(cfg.cluster.gpu)
+    buffers = CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
     gpu = peak.peak_bytes + buffers
-    capacity, host_cap = device_memory_bytes(cfg), host_capacity_bytes(cfg)
+    # what one rank may use: on gpu=cpu the host's share per process
+    capacity = (preset.memory_gib / cfg.cluster.gpus_per_node if preset.is_cpu
+                else preset.memory_gib) * GIB
+    gib = cfg.cluster.host_memory_gib  # 0: unknown, not checked
+    host_cap = gib * GIB if gib > 0 else None
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, acts, peak.peak_bytes, peak.steady_bytes,
+        strategy.name, states, peak.acts, peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
     )

@@ -7,11 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
 from launcher.estimator.flops import flops_factor
-from launcher.estimator.memory import FIT_FRACTION, GIB, framework_buffer_bytes, rank_sequence
+from launcher.estimator.memory import FIT_FRACTION, GIB, rank_sequence
 
 
 def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
@@ -47,10 +46,9 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
 def _header(cfg: RunConfig, est: Estimate) -> list[str]:
     """Model, cluster, compute and the memory rules: what the rows below assume."""
     c = est.cluster
-    host = f"{c['host_memory_gib']:g} GiB host RAM/node" if c["host_memory_gib"] else (
-        "host RAM not checked (cluster.host_memory_gib=0)"
-    )
-    buffers = framework_buffer_bytes(gpu_preset(c["gpu"])) / GIB
+    host = (f"{c['host_memory_gib']:g} GiB host RAM/node" if c["host_memory_gib"]
+            else "host RAM not checked (cluster.host_memory_gib=0)")
+    buffers = est.strategies[0].buffer_bytes / GIB  # the same on every row
     trainable = ("all trainable" if est.trainable_params == est.params
                  else f"{_count(est.trainable_params)} trainable adapter params")
     return [

@@ -7,7 +7,7 @@ framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure ari
 
 from __future__ import annotations
 
-from launcher.config.hardware import GpuPreset, gpu_preset
+from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
@@ -225,20 +225,3 @@ def recompute_bytes(cfg: RunConfig) -> float:
     s, b = rank_sequence(cfg), cfg.train.micro_batch_size
     return float(param_bytes(cfg.precision.name) * s * b
                  * layer_activation_elements(cfg.model, cfg.parallel.tp, cfg.parallel.sp))
-
-
-def framework_buffer_bytes(preset: GpuPreset) -> int:
-    return CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
-
-
-def device_memory_bytes(cfg: RunConfig) -> float:
-    """Memory one rank may use: the GPU's, or on gpu=cpu the host's share per process."""
-    preset = gpu_preset(cfg.cluster.gpu)
-    per_rank = preset.memory_gib / cfg.cluster.gpus_per_node if preset.is_cpu else preset.memory_gib
-    return per_rank * GIB
-
-
-def host_capacity_bytes(cfg: RunConfig) -> float | None:
-    """Host RAM per node, or None when cluster.host_memory_gib=0 (unknown: not checked)."""
-    gib = cfg.cluster.host_memory_gib
-    return gib * GIB if gib > 0 else None

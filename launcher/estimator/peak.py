@@ -28,7 +28,7 @@ from launcher.estimator.memory import (
     rank_sequence,
     recompute_bytes,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, larger
 
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
 MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",
@@ -64,6 +64,9 @@ class PeakPrediction:
     host_bytes: float
     """Largest host-side (offloaded) tensor bytes per rank on GPU presets; 0 on cpu, where
     the moments count them already."""
+    acts: float
+    """One micro batch's activations when the forward returns (a frozen LoRA base keeps
+    fewer)."""
 
     @property
     def steady_bytes(self) -> float:
@@ -91,7 +94,7 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     cfg.strategy: the estimate asks for every row on the same run)."""
     model, tp = cfg.model, cfg.parallel.tp
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
-    bucket = strategy.bucket_size or bucket_elements(replace(cfg, strategy=strategy))
+    bucket = bucket_elements(replace(cfg, strategy=strategy))
     return PeakInputs(  # under tensor parallelism: one rank's share, over the dp ranks
         psi=rank_params(model, tp), n=cfg.shard_size, p=param_bytes(cfg.precision.name),
         grad_accum=cfg.train.grad_accum,
@@ -116,18 +119,28 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     bitsandbytes' 4-bit kernels): its one moment is model states plus activations."""
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     if cfg.peft.name == "qlora":
-        total = model_state_bytes(cfg, strategy)[0] + activation_bytes(cfg)
-        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0)
-    x = peak_inputs(cfg, strategy)
+        acts = activation_bytes(cfg)
+        total = model_state_bytes(cfg, strategy)[0] + acts
+        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts)
+    x, engine = peak_inputs(cfg, strategy), engine_of(strategy)
     if cfg.peft.name == "lora":
-        x = replace(x, acts=lora_activation_bytes(cfg))
-        moments = engine_of(strategy).lora_moments(x, lora_inputs(cfg, strategy), strategy)
+        x, lo = replace(x, acts=lora_activation_bytes(cfg)), lora_inputs(cfg, strategy)
+        moments, trainable = engine.lora_moments(x, lo, strategy), lo.adapters
     else:
-        moments = engine_of(strategy).moments(x, strategy)
+        moments, trainable = engine.moments(x, strategy), x.psi
+    if "first_step" not in moments:
+        # Adam's states (8 bytes per trainable parameter, on the host under offload) appear
+        # only inside its optimizer step, so the first step's forward/backward holds all but
+        # them (measured: fsdp's first step 834.9M = its optimizer moment, below the steady
+        # backward's 991.2M)
+        adam = 8.0 * trainable / (x.n if engine.shards else 1)
+        d, h = moments["forward_backward"]
+        without_adam = (d, h - adam) if strategy.offload_optimizer else (d - adam, h)
+        moments = {**moments, "first_step": larger(moments["optimizer_step"], without_adam)}
     if cfg.parallel.tp > 1:  # rank 0 gathers the whole model's 16-bit weights to save them
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))
     if on_cpu:  # one memory: the tracker counts host tensors too
-        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0)
+        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0, x.acts)
     host = max(h for _, h in moments.values())
-    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host)
+    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host, x.acts)

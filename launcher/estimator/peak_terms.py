@@ -51,16 +51,12 @@ def larger(*splits: Split) -> Split:
     return max(splits, key=sum)
 
 
-def flat_temporaries(x: PeakInputs, numel: float) -> float:
-    """torch AdamW (single-tensor, the default on CPU) over one flat tensor: sqrt and div
-    results alive together, 8 bytes/element (measured, zero1/2 and zero3). Fused: none."""
-    return 0.0 if x.fused_optimizer else 8.0 * numel
-
-
-def per_param_temporaries(x: PeakInputs, numel: float) -> float:
-    """The same loop over separate parameters peaks at its largest one: 12 bytes/element
-    measured under DDP (ddp: 20psi + 12E to the byte)."""
-    return 0.0 if x.fused_optimizer else 12.0 * numel
+def adam_temporaries(x: PeakInputs, numel: float, flat: bool) -> float:
+    """torch AdamW (single-tensor, the default on CPU) over `numel` elements: over one flat
+    tensor its sqrt and div results alive together, 8 bytes/element (measured, zero1/2 and
+    zero3); over separate parameters it peaks at the largest one, 12 bytes/element
+    (measured under DDP: 20psi + 12E to the byte). Fused: none."""
+    return 0.0 if x.fused_optimizer else (8.0 if flat else 12.0) * numel
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ class LoraInputs:
     adapters (docs/memory-notes.md section 12); the 16-bit byte widths are derived."""
 
     adapters: int
-    """a: the trainable parameters (launcher/flops.adapter_params)."""
+    """a: the trainable parameters (flops.adapter_params)."""
     largest_adapter: int
     """Numel of the largest adapter tensor (r x the widest adapted input or output)."""
     layer_adapters: int
@@ -100,17 +96,6 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
     that require grad; DDP buckets only those)."""
     return replace(x, psi=lo.adapters, largest_tensor=lo.largest_adapter, p=lo.adapter_bytes,
                    autocast_acts=0.0)
-
-
-def with_first_step(moments: dict[str, Split], adam_bytes: float,
-                    offloaded: bool) -> dict[str, Split]:
-    """`moments` and the first step's, from Adam's bytes per rank (on the host when
-    `offloaded`): Adam's states appear only inside its optimizer step, so its
-    forward/backward holds everything but them (measured: fsdp's first step 834.9M = its
-    optimizer moment, below the steady backward's 991.2M)."""
-    d, h = moments["forward_backward"]
-    without_adam = (d, h - adam_bytes) if offloaded else (d - adam_bytes, h)
-    return {**moments, "first_step": larger(moments["optimizer_step"], without_adam)}
 
 
 def placed(offload: bool, device: float, host: float) -> Split:

@@ -103,11 +103,11 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
     cluster = cfg.cluster
     launch, nodes, head_node = Launch(argv=[], env=launch_env(cfg)), [], None
     if cluster.nodes > 1 and cluster.scheduler != NO_SCHEDULER:
-        # With --no_ssh deepspeed only counts the hostfile's lines (node_rank picks one) and
-        # never connects to the names, so placeholders are enough.
-        names = [f"node{index}" for index in range(cluster.nodes)]
-        launch = replace(launch, hostfile=hostfile_text(names, cluster.gpus_per_node),
-                         per_node=True, shell_vars=SHELL_VARS)
+        # With --no_ssh deepspeed only counts the hostfile's `host slots=N` lines (node_rank
+        # picks one) and never connects to the names, so placeholders are enough.
+        hostfile = "".join(f"node{index} slots={cluster.gpus_per_node}\n"
+                           for index in range(cluster.nodes))
+        launch = replace(launch, hostfile=hostfile, per_node=True, shell_vars=SHELL_VARS)
         nodes = ["--hostfile", posixpath.join(run_dir, HOSTFILE), "--no_ssh",
                  "--node_rank", NODE_RANK]
         head_node = HEAD_NODE
@@ -151,11 +151,6 @@ def launch_env(cfg: RunConfig) -> dict[str, str]:
         # torchrun sets this itself; the deepspeed launcher does not.
         env["OMP_NUM_THREADS"] = "1"
     return env
-
-
-def hostfile_text(hosts: Sequence[str], slots: int) -> str:
-    """DeepSpeed (MPI-style) hostfile: one `host slots=N` line per node."""
-    return "".join(f"{host} slots={slots}\n" for host in hosts)
 
 
 def rendezvous_id(run_dir: str) -> str:

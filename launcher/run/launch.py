@@ -16,8 +16,9 @@ from launcher.rank.checkpoints import latest_complete_checkpoint
 from launcher.run.command import Launch, build_launch
 from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
-from launcher.run.supervise import ABORTED_EXIT, HUNG_EXIT, STOPPED_EXIT, supervise
+from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
 from launcher.rundir import (
+    HUNG_EXIT,
     LAUNCH_SCRIPT,
     RunDir,
     job_script_name,
@@ -96,19 +97,19 @@ def run_local(prepared: Prepared) -> int:
     # The ranks report start-up from this process's start (launcher/timing.py).
     env = {**os.environ, **prepared.launch.env,
            **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
-    done = supervise(resolve_tool(prepared.launch.argv), env, run_dir)
-    if done.aborted:
+    returncode, aborted = supervise(resolve_tool(prepared.launch.argv), env, run_dir)
+    if aborted:
         print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "
               "(if any) is where the same command resumes.", file=sys.stderr, flush=True)
         return ABORTED_EXIT
-    if done.returncode == 0 and run_dir.result.is_file():
+    if returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
         if prepared.plan.cfg.train.show_examples > 0:
             from launcher.inference.examples import show_examples  # torch: only now
 
             show_examples(prepared.plan.cfg, run_dir)
         return 0
-    if done.returncode == 0:
+    if returncode == 0:
         print(
             "ftl train: stopped before the last step, after a complete checkpoint in "
             f"{run_dir.checkpoints}; the same `ftl train` command again resumes from it "
@@ -121,7 +122,7 @@ def run_local(prepared: Prepared) -> int:
         print("\n".join(["ftl train: " + hung[0], *hung[1:], hang_resume_line(run_dir)]),
               file=sys.stderr, flush=True)
         return HUNG_EXIT
-    print(failure_report(run_dir, done.returncode), file=sys.stderr)
+    print(failure_report(run_dir, returncode), file=sys.stderr)
     return 1
 
 

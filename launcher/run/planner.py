@@ -16,6 +16,7 @@ from launcher.config.schema import RunConfig
 from launcher.config.validate import Checked
 from launcher.engines import engine_of
 from launcher.estimator.flops import flops_per_token, peak_flops_per_device
+from launcher.estimator.memory import GIB
 from launcher.run.command import Launch, render_argv, render_command
 from launcher.rundir.records import PlanRecord
 
@@ -67,24 +68,18 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     }
     if plan.settings is not None and plan.settings_file is not None:
         files[plan.settings_file] = rundir.json_text(plan.settings)
-    universal = _universal_settings(plan)
-    if universal is not None:
-        files[universal[0]] = rundir.json_text(universal[1])
+    # A resuming run's settings for a checkpoint of another world size: whether one is
+    # converted is the rank's call (a requeued job resumes its own checkpoints instead).
+    engine = engine_of(plan.cfg.strategy)
+    if plan.resume_from is not None and plan.settings is not None:
+        universal = engine.universal_settings(plan.settings)
+        if universal is not None and engine.universal_settings_file:
+            files[engine.universal_settings_file] = rundir.json_text(universal)
     if launch.hostfile is not None:
         files[rundir.HOSTFILE] = launch.hostfile
     if plan.resume_from is not None:
         files[rundir.RESUME_FROM] = f"{plan.resume_from}\n"
     return files
-
-
-def _universal_settings(plan: Plan) -> tuple[str, dict[str, Any]] | None:
-    """A resuming run's settings for a checkpoint of another world size: whether one is
-    converted is the rank's call (a requeued job resumes its own checkpoints instead)."""
-    engine = engine_of(plan.cfg.strategy)
-    if plan.resume_from is None or plan.settings is None or not engine.universal_settings_file:
-        return None
-    settings = engine.universal_settings(plan.settings)
-    return None if settings is None else (engine.universal_settings_file, settings)
 
 
 def plan_record(plan: Plan, launch: Launch, overrides: list[str]) -> PlanRecord:
@@ -144,19 +139,18 @@ def render_plan(plan: Plan, launch: Launch, run_dir: Path | None) -> str:
 
 
 def _render_estimate(row: dict[str, Any]) -> str:
-    gib = 1024**3
     fits = "fits" if row.get("fits") else "DOES NOT FIT"
     text = (
-        f"gpu {row['gpu_bytes'] / gib:.2f} GiB (predicted peak {row['peak_bytes'] / gib:.2f} "
-        f"GiB of tensors, step {row['steady_bytes'] / gib:.2f} GiB; model states "
-        f"{row['model_state_gpu_bytes'] / gib:.2f} GiB), host {row['host_bytes'] / gib:.2f} GiB"
+        f"gpu {row['gpu_bytes'] / GIB:.2f} GiB (predicted peak {row['peak_bytes'] / GIB:.2f} "
+        f"GiB of tensors, step {row['steady_bytes'] / GIB:.2f} GiB; model states "
+        f"{row['model_state_gpu_bytes'] / GIB:.2f} GiB), host {row['host_bytes'] / GIB:.2f} GiB"
         f" -> {fits}"
     )
     if row.get("est_seconds"):
         text += f"; est. time {row['est_seconds'] / 3600:.2f} h"
     if row.get("host_peak_bytes"):
-        text += f"\nhost tensors per rank up to {row['host_peak_bytes'] / gib:.2f} GiB"
+        text += f"\nhost tensors per rank up to {row['host_peak_bytes'] / GIB:.2f} GiB"
     if row.get("construction_above_training"):
         text += "\nmodel construction peaks above training: " + (
-            f"{row['moments']['construction'] / gib:.2f} GiB")
+            f"{row['moments']['construction'] / GIB:.2f} GiB")
     return text

@@ -44,14 +44,13 @@ def draw_png(history: list[MetricsEvent], out: Path, title: str) -> Path:
     return out
 
 
-def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
-    files = RunDir(run_dir)
+def summary(files: RunDir, history: list[MetricsEvent]) -> str:
     plan = files.read_plan() if files.plan.is_file() else PlanRecord()
     estimate = plan.estimate or {}
     ranks = files.all_rank_metrics()
     losses = series(history, "loss")[1]
     evals = series(history, "eval_loss")[1]
-    lines = [f"run dir: {run_dir}", f"strategy: {plan.strategy}  "
+    lines = [f"run dir: {files.path}", f"strategy: {plan.strategy}  "
              f"world size: {plan.world_size}  gpu: {plan.gpu}"]
     if losses:
         lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
@@ -63,7 +62,7 @@ def summary(run_dir: Path, history: list[MetricsEvent]) -> str:
         if values:
             lines.append(f"{label}: {sum(values) / len(values):.4g} (mean of {len(values)} logs)")
     lines += _memory_lines(estimate, ranks)
-    lines += _time_lines(run_dir, history)
+    lines += _time_lines(files, history)
     lines += straggler_lines(history)
     return "\n".join(lines)
 
@@ -98,14 +97,8 @@ def _cell(predicted: float | None, measured: int | None) -> str:
     return f"{pred} / {meas}"
 
 
-def _ordered_phases(ranks: list[RankMetrics]) -> list[str]:
-    """Every phase any rank recorded, in the order the first rank that has it wrote them."""
-    seen: list[str] = []
-    for rank in ranks:
-        for name in (rank.memory or {}).get("phases", {}):
-            if name not in seen:
-                seen.append(name)
-    return seen
+def _row(label: str, cells: list[str]) -> str:
+    return "  " + f"{label:<12}" + "".join(f"{cell:>21}" for cell in cells)
 
 
 def memory_table(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str]:
@@ -114,21 +107,16 @@ def memory_table(estimate: dict[str, Any], ranks: list[RankMetrics]) -> list[str
     records = [r for r in ranks if r.memory]
     if not records or not estimate.get("moments"):
         return []
-    width = 21
     lines = ["memory per rank, live tensor GiB (predicted / measured):",
-             "  " + f"{'phase':<12}" + "".join(f"{'rank ' + str(r.rank):>{width}}"
-                                               for r in records)]
-    for phase in _ordered_phases(records):
-        cells = []
-        for record in records:
-            measured = record.memory["phases"].get(phase, {}).get("peak_bytes")
-            cells.append(_cell(predicted_for(estimate, phase, record.rank), measured))
-        lines.append("  " + f"{phase:<12}" + "".join(f"{c:>{width}}" for c in cells))
-    lines.append("  " + f"{'run peak':<12}" + "".join(
-        f"{_cell(_rank_peak(estimate, r.rank), r.memory.get('peak_bytes')):>{width}}"
-        for r in records))
-    lines.append("  " + f"{'RSS peak':<12}" + "".join(
-        f"{_cell(None, r.memory.get('rss_peak_bytes')):>{width}}" for r in records))
+             _row("phase", [f"rank {r.rank}" for r in records])]
+    # every phase any rank recorded, in the order the first rank that has it wrote them
+    for phase in dict.fromkeys(name for r in records for name in r.memory.get("phases", {})):
+        lines.append(_row(phase, [
+            _cell(predicted_for(estimate, phase, r.rank),
+                  r.memory["phases"].get(phase, {}).get("peak_bytes")) for r in records]))
+    lines.append(_row("run peak", [_cell(_rank_peak(estimate, r.rank), r.memory.get("peak_bytes"))
+                                   for r in records]))
+    lines.append(_row("RSS peak", [_cell(None, r.memory.get("rss_peak_bytes")) for r in records]))
     if estimate.get("construction_above_training"):
         lines.append("  predicted: model construction peaks above training")
     return lines
@@ -143,19 +131,18 @@ def _rank_peak(estimate: dict[str, Any], rank: int) -> float | None:
     return other_ranks_peak(moments)
 
 
-def _time_lines(run_dir: Path, history: list[MetricsEvent]) -> list[str]:
+def _time_lines(files: RunDir, history: list[MetricsEvent]) -> list[str]:
     """Measured train time beside the estimator's time for the tokens the run really saw."""
     final = [e.values for e in history if "train_loss" in e.values and "train_runtime" in e.values]
     if not final:
         return []
     lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
     tokens = final[-1].get("num_input_tokens_seen")
-    config = RunDir(run_dir).config
-    if tokens and config.is_file():  # the estimator's time for them, as `ftl estimate`'s
+    if tokens and files.config.is_file():  # the estimator's time for them, as `ftl estimate`'s
         from launcher.config.compose import load_run_config
         from launcher.estimator.flops import run_flops, run_seconds
 
-        cfg = load_run_config(config)
+        cfg = load_run_config(files.config)
         seconds = run_seconds(cfg, run_flops(cfg, tokens))
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")
     return lines
@@ -217,4 +204,4 @@ def report(run_dir: Path) -> tuple[str, Path]:
         )
     history = files.read_metrics()
     png = draw_png(history, files.report_png, title=str(run_dir.name))
-    return summary(run_dir, history), png
+    return summary(files, history), png

@@ -8,6 +8,7 @@ docs/design.md, "Stopping (`preempt.py`)".
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -19,22 +20,13 @@ from types import FrameType
 
 import psutil
 
-from launcher import rundir
 from launcher.rundir import RunDir
 
 STOPPED_EXIT = 75
 """Stopped after a complete checkpoint: the same command resumes (EX_TEMPFAIL, "try again")."""
-HUNG_EXIT = rundir.HUNG_EXIT
-"""The hang watchdog ended the ranks (launcher/rank/watchdog.py): resumable like 75."""
 ABORTED_EXIT = 130
 """Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@dataclass
-class Supervised:
-    returncode: int
-    aborted: bool
 
 
 @dataclass
@@ -70,14 +62,9 @@ def kill_tree(pid: int) -> list[psutil.Process]:
     except psutil.NoSuchProcess:
         return []
     for process in tree:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     return tree
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def term_when_parent_dies(parent: int) -> Callable[[], None]:
@@ -85,15 +72,17 @@ def term_when_parent_dies(parent: int) -> Callable[[], None]:
 
     def arm() -> None:
         if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
         if os.getppid() != parent:  # it died before the request was in place
             os.kill(os.getpid(), signal.SIGTERM)
 
     return arm
 
 
-def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> Supervised:
-    """Run the launcher in its own session until it exits, forwarding stop requests."""
+def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> tuple[int, bool]:
+    """Run the launcher in its own session until it exits, forwarding stop requests:
+    (its exit status, whether a second signal aborted it)."""
     child = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
                              preexec_fn=term_when_parent_dies(os.getpid()))
     forwarder = StopForwarder(run_dir, child)
@@ -103,4 +92,4 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> S
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return Supervised(returncode, forwarder.aborted)
+    return returncode, forwarder.aborted

@@ -20,7 +20,7 @@ from launcher.engines.deepspeed.moments import (
     zero3_moments,
     zero12_moments,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split, with_first_step
+from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
 
 
@@ -72,18 +72,15 @@ class DeepSpeedEngine(Engine):
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
         offload = _offload_of_stage(strategy)
         if strategy.zero_stage == 3:
-            moments = zero3_moments(x, offload, strategy.offload_param)
-        else:
-            moments = zero12_moments(x, strategy.zero_stage, offload)
-        return with_first_step(moments, 8.0 * x.psi / x.n, offload)
+            return zero3_moments(x, offload, strategy.offload_param)
+        return zero12_moments(x, strategy.zero_stage, offload)
 
     def lora_moments(self, x: PeakInputs, lo: LoraInputs,
                      strategy: StrategyConfig) -> dict[str, Split]:
         offload = _offload_of_stage(strategy)
         if strategy.zero_stage == 3:  # its first step is measured, not derived
             return lora_zero3_moments(x, lo, offload, strategy.offload_param)
-        moments = lora_zero12_moments(x, lo, strategy.zero_stage, offload)
-        return with_first_step(moments, 8.0 * lo.adapters / x.n, offload)
+        return lora_zero12_moments(x, lo, strategy.zero_stage, offload)
 
     # ------------------------------------------------------------ rank side
 
@@ -112,9 +109,11 @@ class DeepSpeedEngine(Engine):
         from accelerate import PartialState
 
         if cfg.parallel.sp > 1:
-            from launcher.engines.deepspeed.ulysses import start_comm_on_cpu
+            # With use_cpu, accelerate never starts DeepSpeed's comm layer, which Ulysses's
+            # process groups need (`assert dist.is_initialized()` in parallel_state_sp).
+            import deepspeed
 
-            start_comm_on_cpu()
+            deepspeed.init_distributed(dist_backend="gloo")
         # Without this, accelerate finds no backend for DeepSpeed on CPU and runs each rank
         # as a single process (unsharded data or a train_batch_size assertion).
         os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"

@@ -35,7 +35,6 @@ from typing import Any
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import PrecisionConfig, RunConfig
 from launcher.config.strategies import concrete_strategies
-from launcher.engines import of_engine
 from launcher.estimator.flops import count_params
 from launcher.rundir import json_text
 
@@ -51,11 +50,6 @@ MIN_BUCKETS = 8
 other ranks own during the backward (one bucket would hold every gradient until the end)."""
 OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
 """train.optimizer: see launcher/config/schema.py (checked by launcher/config/rules.py)."""
-REFERENCE_OVERRIDES: tuple[str, ...] = (
-    "model=llama-7b",
-    "cluster.gpu=a100-80g",
-    "cluster.gpus_per_node=8",
-)
 
 # DeepSpeed's own defaults for the stage-3 limits (runtime/zero/config.py), written out.
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
@@ -113,7 +107,7 @@ def _precision_blocks(precision: PrecisionConfig) -> dict[str, Any]:
 def _zero_block(cfg: RunConfig) -> dict[str, Any]:
     strategy = cfg.strategy
     stage = strategy.zero_stage
-    bucket = strategy.bucket_size or bucket_elements(cfg)
+    bucket = bucket_elements(cfg)
     zero: dict[str, Any] = {
         "stage": stage,
         "overlap_comm": strategy.overlap_comm,
@@ -142,15 +136,17 @@ def _zero_block(cfg: RunConfig) -> dict[str, Any]:
 
 
 def bucket_elements(cfg: RunConfig) -> int:
-    """ZeRO's reduce/allgather bucket: HF's "auto" rule, hidden x hidden elements, but never
-    fewer than MIN_BUCKET_ELEMENTS or an eighth of the model, whichever is smaller. Below
-    that every step runs dozens of tiny collectives, each paying a full round trip: hidden
-    64 (the tiny Llama) gave 4096-element buckets, ~40 reduces per step and 0.54x the
-    throughput of one bucket on 2 CPU ranks (bench/train_overhead.py). Not one bucket for
-    the whole model: ZeRO-2 would then hold every gradient until the end of the backward
-    (tests/integration/test_train_strategies.py checks it frees them). Under ZeRO-3 the
-    bucket also sizes the parameter prefetch, and HF's rule gathers too little at a time
-    on a GPU: there the floor is MIN_STAGE3_BUCKET_ELEMENTS (still at most an eighth)."""
+    """ZeRO's reduce/allgather bucket: strategy.bucket_size, else HF's "auto" rule, hidden x
+    hidden elements, but never fewer than MIN_BUCKET_ELEMENTS or an eighth of the model,
+    whichever is smaller. Below that every step runs dozens of tiny collectives, each paying
+    a full round trip: hidden 64 (the tiny Llama) gave 4096-element buckets, ~40 reduces per
+    step and 0.54x the throughput of one bucket on 2 CPU ranks (bench/train_overhead.py).
+    Not one bucket for the whole model: ZeRO-2 would then hold every gradient until the end
+    of the backward (tests/integration/test_train_strategies.py checks it frees them). Under
+    ZeRO-3 the bucket also sizes the parameter prefetch, and HF's rule gathers too little at
+    a time on a GPU: there the floor is MIN_STAGE3_BUCKET_ELEMENTS (still at most an eighth)."""
+    if cfg.strategy.bucket_size:
+        return cfg.strategy.bucket_size
     hidden = cfg.model.hidden_size
     eighth = math.ceil(count_params(cfg.model) / MIN_BUCKETS)
     floor = MIN_STAGE3_BUCKET_ELEMENTS if cfg.strategy.zero_stage == 3 else MIN_BUCKET_ELEMENTS
@@ -180,14 +176,15 @@ def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
 
 
 def deepspeed_strategies() -> tuple[str, ...]:
-    return of_engine(concrete_strategies(), "deepspeed")
+    return tuple(n for n, s in concrete_strategies().items() if s.backend == "deepspeed")
 
 
 def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
     from launcher.config.compose import compose_config
 
-    return compose_config([*REFERENCE_OVERRIDES, f"strategy={strategy}", f"precision={precision}"])
+    return compose_config(["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+                           f"strategy={strategy}", f"precision={precision}"])
 
 
 def reference_files() -> dict[str, str]:

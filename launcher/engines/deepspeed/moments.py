@@ -7,7 +7,7 @@ from launcher.estimator.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,
-    flat_temporaries,
+    adam_temporaries,
     larger,
     shifted,
     trainable_view,
@@ -29,7 +29,7 @@ def zero12_moments(x: PeakInputs, stage: int, offload: bool) -> dict[str, Split]
     buckets = 2.0 * p * x.bucket  # overlap_comm: two reduce buffers during backward
     fwd_bwd = device + held + x.acts + x.recompute + buckets
     # the optimizer step: grad partition + its fp32 flat copy + AdamW's temporaries
-    temps = flat_temporaries(x, part)
+    temps = adam_temporaries(x, part, flat=True)
     step = (device, host + temps) if offload else (device + grads + 4.0 * part + temps, host)
     # the engine wraps the (cast) model: a flat copy while the originals live (DeepSpeed
     # flattens on the host, then moves the flat buffer: derived), then the partitions
@@ -64,7 +64,7 @@ def zero3_moments(x: PeakInputs, offload_opt: bool, offload_param: bool) -> dict
     host = (params if offload_param else 0.0) + (states if offload_opt else 0.0)
     gathered = p * min(psi, x.max_live)
     fwd_bwd = device + gathered + x.acts + x.recompute
-    temps = flat_temporaries(x, sg)
+    temps = adam_temporaries(x, sg, flat=True)
     step = (device, host + temps) if offload_opt else (device + 4.0 * sg + temps, host)
     # the 16-bit weights gathered module by module into a state dict on rank 0's host
     save = p * psi if x.gather_on_save else 0.0
@@ -129,7 +129,7 @@ def lora_zero3_moments(x: PeakInputs, lo: LoraInputs, offload_opt: bool,
     gather = p * min(psi + a, x.max_live)
     in_flight = 2.0 * x.n * p * x.bucket
     fwd_bwd = device + gather + max(x.acts + x.recompute + in_flight / 2.0, in_flight)
-    temps = flat_temporaries(x, part)
+    temps = adam_temporaries(x, part, flat=True)
     step = (device, host + temps) if offload_opt else (device + 4.0 * part + temps, host)
     fresh: Split = (device - (0.0 if offload_opt else 8.0 * part), host)
     saved: Split = (device + p * x.bucket, host)

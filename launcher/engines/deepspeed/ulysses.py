@@ -8,26 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-ATTENTION = "sdpa"
-"""The core attention under the Ulysses wrapper: it must be named (eager is refused), and
-sdpa is what the models are built with (flash-attention needs a GPU build)."""
-
 
 def parallelism_config(sp: int) -> Any:
     from accelerate import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
+    # The core attention under the Ulysses wrapper must be named (eager is refused); sdpa is
+    # what the models are built with (flash-attention needs a GPU build).
     handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
-                                              sp_attn_implementation=ATTENTION)
+                                              sp_attn_implementation="sdpa")
     return ParallelismConfig(sp_backend="deepspeed", sp_size=sp, sp_handler=handler)
-
-
-def start_comm_on_cpu() -> None:
-    """With use_cpu, accelerate never starts DeepSpeed's comm layer, which Ulysses's
-    process groups need (`assert dist.is_initialized()` in parallel_state_sp)."""
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
 
 
 def trainer_class() -> type:
