@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class ConfigError(Exception):
     """One or more configuration problems, each naming the key, the value and the fix."""
@@ -16,6 +18,11 @@ class ConfigError(Exception):
         lines = [f"{len(self.problems)} configuration errors:"]
         lines += [f"  - {problem}" for problem in self.problems]
         return "\n".join(lines)
+
+
+def flagged(checks: Iterable[tuple[object, str]]) -> list[str]:
+    """The problems of `checks`, (whether it is wrong, the problem) pairs, that are wrong."""
+    return [problem for wrong, problem in checks if wrong]
 
 
 class DataError(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from launcher.config.schema import RunConfig
 from launcher.engines import engine_of
+from launcher.errors import flagged
 
 
 def model_parallel_problems(cfg: RunConfig) -> list[str]:
@@ -58,7 +59,7 @@ def _sequence_parallel(cfg: RunConfig) -> list[str]:
     sp, model, kv = cfg.parallel.sp, cfg.model, cfg.model.num_kv_heads
     if sp == 1:
         return []
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (cfg.world_size % sp,
          f"parallel.sp={sp} with {cfg.world_size} ranks (cluster.nodes x "
          f"cluster.gpus_per_node): every rank belongs to one sequence-parallel group. "
@@ -74,9 +75,7 @@ def _sequence_parallel(cfg: RunConfig) -> list[str]:
          f"parallel.sp={sp} with dataset.packing=true: Ulysses drops the attention mask, "
          "so sdpa would attend across the packed documents (flash-attention varlen, which "
          "keeps them apart, needs a GPU build). Fix: dataset.packing=false."),
-    ]
-    problems = [problem for wrong, problem in checks if wrong]
-    return problems + _no_adapters(cfg, "parallel.sp", sp)
+    ]) + _no_adapters(cfg, "parallel.sp", sp)
 
 
 def _no_adapters(cfg: RunConfig, key: str, size: int) -> list[str]:

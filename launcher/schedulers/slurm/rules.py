@@ -8,6 +8,7 @@ import re
 import shlex
 
 from launcher.config.schema import RunConfig
+from launcher.errors import flagged
 from launcher.estimator.disk import SaveTime
 
 SLURM_SIGNAL_MAX_S = 65535
@@ -21,7 +22,7 @@ def slurm_problems(cfg: RunConfig) -> list[str]:
     slurm = cfg.cluster.slurm
     time_ok = _TIME.match(slurm.time) or slurm.time.upper() in _UNLIMITED
     grace_max = min(time_seconds(slurm.time), SLURM_SIGNAL_MAX_S) if time_ok else 0
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (not time_ok,
          f"cluster.slurm.time={slurm.time}: not a Slurm time limit. "
          "Fix: MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. cluster.slurm.time=04:00:00."),
@@ -39,8 +40,7 @@ def slurm_problems(cfg: RunConfig) -> list[str]:
         (slurm.mem and not _MEM.match(slurm.mem),
          f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
          "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."),
-    ]
-    return [problem for wrong, problem in checks if wrong] + _text_problems(cfg)
+    ]) + _text_problems(cfg)
 
 
 def _text_problems(cfg: RunConfig) -> list[str]:
