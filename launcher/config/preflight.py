@@ -3,25 +3,23 @@ validation stage (launcher/config/validate.py): each returns problems, never rai
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import socket
-from collections.abc import Mapping
+from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.config import trackers
 from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
+from launcher.data.datascan import scan_file
+from launcher.data.formats import FORMATS
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
-
-HUB_HOST = "huggingface.co"
 
 
 def local_launch_problems(cfg: RunConfig) -> list[str]:
@@ -93,11 +91,6 @@ def missing_sources(cfg: RunConfig) -> list[str]:
 def unreadable_data(cfg: RunConfig) -> list[str]:
     """Scan local data files row by row here (streaming, nothing kept), so a bad line fails
     with its file and line number before any rank starts."""
-    from dataclasses import asdict
-
-    from launcher.data.datascan import scan_file
-    from launcher.data.formats import FORMATS
-
     data = cfg.dataset
     if data.format not in FORMATS:
         return []  # rules._choices reports the format; its rows cannot be judged
@@ -115,7 +108,7 @@ def hub_reachable() -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
         return False
     try:
-        socket.create_connection((HUB_HOST, 443), timeout=3).close()
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:
         return False
     return True
@@ -237,42 +230,3 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
         f"GiB of host RAM, this machine has {total / gib:.1f} GiB. Fix: a strategy without "
         "offload that fits (`ftl estimate`), more nodes, or peft=lora."
     ]
-
-
-def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[str]:
-    """train.report_to: a tracker's package missing here, or its credential missing from the
-    environment (a Slurm job inherits this environment: sbatch --export=ALL). The
-    environment is read at the call, never bound at import: `datasets`' multi-process map
-    replaces the os.environ object (arrow_dataset.py: `os.environ = prev_env`)."""
-    environ = os.environ if environ is None else environ
-    problems, requested = [], trackers.requested(cfg)
-    for name in requested:
-        modules = (name,)
-        if name == "mlflow" and _mlflow_sql_store(environ):
-            modules += trackers.SQL_STORE_MODULES
-        problems += [_missing(cfg, name, module) for module in modules
-                     if importlib.util.find_spec(module) is None]
-    wandb_mode = environ.get("WANDB_MODE", "").lower()
-    if "wandb" in requested and not environ.get("WANDB_API_KEY") and \
-            wandb_mode not in trackers.WANDB_LOCAL_MODES:
-        problems.append(
-            f"{trackers.typed(cfg)}: wandb logs to its server and WANDB_API_KEY is not set in "
-            "this environment (ftl takes credentials from the environment only). Fix: export "
-            "WANDB_API_KEY=<your key>, or WANDB_MODE=offline to log locally (`wandb sync` "
-            "later), or leave wandb out of train.report_to."
-        )
-    return problems
-
-
-def _mlflow_sql_store(environ: Mapping[str, str]) -> bool:
-    """No URI (the default store, trackers.default_mlflow_uri) or a sqlite one."""
-    uri = environ.get("MLFLOW_TRACKING_URI", "")
-    return not uri or uri.startswith("sqlite:")
-
-
-def _missing(cfg: RunConfig, name: str, module: str) -> str:
-    extra = name in trackers.EXTRAS
-    install = f"pip install 'ftlaunch[{name}]'" if extra else f"pip install {module}"
-    return (f"{trackers.typed(cfg)}: {name} needs the Python package {module}, which is not "
-            f"installed in this environment. Fix: {install}, or leave {name} out of "
-            "train.report_to.")
