@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config.schema import GROUPS, RunConfig, register_configs
+from launcher.config.schema import GROUPS, RunConfig
 from launcher.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +46,7 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
     run_config = to_run_config(compose_dict(overrides))
-    notice = own_eval_set(run_config, overrides)
-    if notice:
+    if notice := own_eval_set(run_config, overrides):
         print(f"ftl: {notice}", file=sys.stderr)
     return resolve_paths(run_config, Path.cwd())
 
@@ -84,9 +83,11 @@ def load_run_config(path: Path) -> RunConfig:
 
 def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
+    # the typed root, which configs/config.yaml's defaults list names
+    ConfigStore.instance().store(name="base_config", node=RunConfig)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)

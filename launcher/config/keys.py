@@ -25,12 +25,6 @@ from launcher.config.strategies import strategy_table
 from launcher.config.trackers import CHOICES as TRACKER_CHOICES
 from launcher.errors import ConfigError
 
-HEADER = (
-    "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
-    "where it differs, what the default config sets (configs/config.yaml's groups, no\n"
-    "overrides: what `ftl train` runs), allowed values, doc.\n"
-)
-
 
 @dataclass(frozen=True)
 class Key:
@@ -119,7 +113,11 @@ def select(keys: list[Key], prefix: str) -> list[Key]:
 
 
 def render(keys: list[Key]) -> str:
-    lines = [HEADER]
+    lines = [
+        "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
+        "where it differs, what the default config sets (configs/config.yaml's groups, no\n"
+        "overrides: what `ftl train` runs), allowed values, doc.\n"
+    ]
     for k in keys:
         head = f"{k.key}  ({k.type})"
         if k.required:
