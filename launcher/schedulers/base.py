@@ -78,5 +78,4 @@ class Scheduler(Protocol):
 
 
 def get_scheduler(name: str) -> Scheduler:
-    scheduler: Scheduler = pkgutil.resolve_name(SCHEDULERS[name])()
-    return scheduler
+    return pkgutil.resolve_name(SCHEDULERS[name])()

@@ -43,16 +43,11 @@ from launcher.rundir import (
 )
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
-TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
-"""The signals torchrun's agent may handle in a job (PET_SIGNALS_TO_HANDLE): not TERM and
-INT, which would make it kill the ranks 30 s later; the ranks handle those themselves."""
-
-_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_./:%@+=,-]+$")
 
 
 def sbatch_quote(value: str) -> str:
     """One value for an #SBATCH line: sbatch strips double quotes and backslash escapes."""
-    if _SBATCH_SAFE.match(value):
+    if re.match(r"^[A-Za-z0-9_./:%@+=,-]+$", value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -205,7 +200,7 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
     command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
     exports = [f'{NODE_RANK_VAR}="$SLURM_NODEID"']
     if cfg.cluster.launcher == "torchrun":
-        exports.append(f"PET_SIGNALS_TO_HANDLE={TORCHRUN_SIGNALS}")
+        exports.append("PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT")
     lines = [
         "",
         f"export {' '.join(exports)}",
