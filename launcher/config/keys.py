@@ -2,8 +2,7 @@
 
 Each doc is the attribute docstring under the field in schema.py, read with ast, so a new
 field needs no table here; allowed values come from where they are checked (rules.choices,
-the strategy table, configs/<group>/*.yaml). Two defaults: the schema's, and what
-configs/config.yaml's default groups set (`ftl train` with no overrides). Imports no torch.
+the strategy table, configs/<group>/*.yaml). Imports no torch.
 """
 
 from __future__ import annotations
