@@ -7,7 +7,7 @@ the ranks; bash runs a trap only when its foreground child exits, hence `& wait`
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
 treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
-are refused everywhere (rules.py: a newline would start a new script line). Secrets reach
+are refused everywhere (__init__.py: a newline would start a new script line). Secrets reach
 the job through the environment (sbatch's default --export=ALL), never the script.
 """
 
@@ -243,10 +243,9 @@ def _run_dir_var(arg: str, run_dir: str) -> str:
 
 
 def _finish_lines(cfg: RunConfig) -> list[str]:
-    """Finished -> 0; the hang watchdog ended the ranks (launcher/rank/watchdog.py) ->
-    HUNG_EXIT, never requeued, even after a stop request (why: docs/design.md, "The scheduler
-    seam"); `ftl cancel`ed -> STOPPED_EXIT once the step rank 0 recorded in `preempted` has a
-    complete checkpoint, never requeued; stopped on a signal -> requeue; else a failure."""
+    """Finished -> 0; hung -> HUNG_EXIT, even after a stop request, and `ftl cancel`ed ->
+    STOPPED_EXIT, neither requeued (why: docs/design.md, "The scheduler seam"); stopped on a
+    signal -> requeue; else a failure."""
     max_restarts = cfg.cluster.slurm.max_restarts
     return [
         f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
