@@ -10,14 +10,11 @@ class ConfigError(Exception):
 
     def __init__(self, problems: list[str] | str) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__(self.render())
-
-    def render(self) -> str:
         if len(self.problems) == 1:
-            return f"configuration error: {self.problems[0]}"
-        lines = [f"{len(self.problems)} configuration errors:"]
-        lines += [f"  - {problem}" for problem in self.problems]
-        return "\n".join(lines)
+            super().__init__(f"configuration error: {self.problems[0]}")
+        else:
+            super().__init__("\n".join([f"{len(self.problems)} configuration errors:",
+                                        *(f"  - {problem}" for problem in self.problems)]))
 
 
 def flagged(checks: Iterable[tuple[object, str]]) -> list[str]:
