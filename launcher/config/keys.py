@@ -68,7 +68,8 @@ def all_keys() -> list[Key]:
     groups = {k: v for entry in defaults or [] if isinstance(entry, dict) for k, v in entry.items()}
     choices = {**rules.choices(), "strategy.name": tuple(strategy_table()),
                "train.report_to": TRACKER_CHOICES,
-               **{group: _options(group) for group in schema.GROUPS}}
+               **{group: tuple(sorted(path.stem for path in (config_dir() / group).glob("*.yaml")))
+                  for group in schema.GROUPS}}
     keys: list[Key] = []
 
     def walk(cls: type, prefix: str, values: Any) -> None:
@@ -92,10 +93,6 @@ def _default(f: Any) -> Any:
     if f.default_factory is not NO_DEFAULT:
         return f.default_factory()
     return None if f.default == MISSING else f.default
-
-
-def _options(group: str) -> tuple[str, ...]:
-    return tuple(sorted(path.stem for path in (config_dir() / group).glob("*.yaml")))
 
 
 def select(keys: list[Key], prefix: str) -> list[Key]:

@@ -31,9 +31,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
 
-Rule = Callable[[RunConfig], list[str]]
-
-
 def choices() -> dict[str, tuple[str, ...]]:
     """Every key checked against a list (read at the call: a scheduler may register after
     import)."""
@@ -42,7 +39,7 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
-    rules: list[Rule] = [
+    rules: list[Callable[[RunConfig], list[str]]] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
         _multi_node, _plain_names, model_parallel_problems, _watchdog, tracker_names,
     ]

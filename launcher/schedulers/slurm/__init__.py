@@ -18,10 +18,8 @@ from launcher.schedulers.base import JobInfo
 from launcher.schedulers.slurm.script import render_sbatch
 
 SLURM_SIGNAL_MAX_S = 65535
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2})$")
 _UNLIMITED = ("UNLIMITED", "INFINITE")
-_MEM = re.compile(r"^\d+[KMGT]?$")
 
 
 def slurm_problems(cfg: RunConfig) -> list[str]:
@@ -43,7 +41,7 @@ def slurm_problems(cfg: RunConfig) -> list[str]:
         (slurm.cpus_per_task < 0,
          f"cluster.slurm.cpus_per_task={slurm.cpus_per_task}: must be 0 (Slurm's default) "
          "or more. Fix: e.g. cluster.slurm.cpus_per_task=32."),
-        (slurm.mem and not _MEM.match(slurm.mem),
+        (slurm.mem and not re.match(r"^\d+[KMGT]?$", slurm.mem),
          f"cluster.slurm.mem={slurm.mem}: not a Slurm memory size. Fix: e.g. "
          "cluster.slurm.mem=500G, or cluster.slurm.mem=0 for all of a node's memory."),
     ]) + _text_problems(cfg)
@@ -61,7 +59,7 @@ def _text_problems(cfg: RunConfig) -> list[str]:
         **{f"cluster.setup[{i}]": v for i, v in enumerate(cluster.setup)},
     }
     for key, value in values.items():
-        if _CONTROL.search(value):
+        if re.search(r"[\x00-\x1f\x7f]", value):
             problems.append(
                 f"{key}={value!r}: contains a control character (newline, tab, ...), which "
                 "would break the job script. Fix: remove it (one cluster.setup item per line)."
