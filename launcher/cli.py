@@ -1,9 +1,6 @@
-"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs.
-
-plan, ds-config and estimate never import torch, transformers or deepspeed. quantize takes
-Hydra overrides too (for the `dataset` group it evaluates perplexity on).
-Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed
-(or, for doctor, a check that failed).
+"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs (they and their exit
+codes: docs/design.md, "The user's surface"). plan, ds-config and estimate never import
+torch, transformers or deepspeed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run]
-[-m]`, `ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID` (docs/design.md, "The
-scheduler seam"). submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`,
-expanded by Hydra's own parser and BasicSweeper) submits nothing unless every combination
-is valid; --dry-run prints the job script even where this machine could not hold the run.
+"""`ftl submit`, `ftl status` and `ftl cancel`, for any scheduler (launcher/schedulers/base.py).
+submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`, expanded by Hydra's
+own parser and BasicSweeper) submits nothing unless every combination is valid; --dry-run
+prints the job script even where this machine could not hold the run.
 """
 
 from __future__ import annotations
