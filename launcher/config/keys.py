@@ -74,7 +74,9 @@ def all_keys() -> list[Key]:
 
     def walk(cls: type, prefix: str, values: Any) -> None:
         for f in fields(cls):
-            name, value, default = prefix + f.name, (values or {}).get(f.name), _default(f)
+            name, value, default = prefix + f.name, (values or {}).get(f.name), f.default
+            if f.default_factory is not NO_DEFAULT:
+                default = f.default_factory()
             doc = docs.get(cls.__name__, {}).get(f.name, "")
             if is_dataclass(default):
                 kind = "group" if name in groups else "section"
@@ -82,17 +84,12 @@ def all_keys() -> list[Key]:
                 keys.append(Key(name, kind, group, False, group, choices.get(name, ()), doc))
                 walk(type(default), name + ".", value)
             else:
-                keys.append(Key(name, str(f.type), default, f.default == MISSING, value,
-                                choices.get(name, ()), doc))
+                required = default == MISSING
+                keys.append(Key(name, str(f.type), None if required else default, required,
+                                value, choices.get(name, ()), doc))
 
     walk(schema.RunConfig, "", composed)
     return keys
-
-
-def _default(f: Any) -> Any:
-    if f.default_factory is not NO_DEFAULT:
-        return f.default_factory()
-    return None if f.default == MISSING else f.default
 
 
 def select(keys: list[Key], prefix: str) -> list[Key]:
