@@ -91,7 +91,7 @@ def _compose(overrides: list[str]) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    _reject_added_keys(cfg)
+    _reject_added_keys(cfg, RunConfig())
     return cfg
 
 
@@ -103,10 +103,9 @@ def _failure(overrides: list[str]) -> Exception | None:
     return None
 
 
-def _reject_added_keys(cfg: DictConfig, section: Any = None) -> None:
+def _reject_added_keys(cfg: DictConfig, section: Any) -> None:
     """`+train.x=1` (or `+cluster.slurm.x=1`, at any depth) slips past Hydra's struct check
     on dataclass nodes; refuse it here."""
-    section = RunConfig() if section is None else section
     known = {f.name for f in fields(section)}
     for key in cfg:
         if key not in known:

@@ -76,8 +76,8 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
 
 
 def missing_sources(cfg: RunConfig) -> list[str]:
-    sources = {key: attrgetter(key)(cfg) for key in SOURCES}
-    remote = [(key, value) for key, value in sources.items() if value and not Path(value).exists()]
+    remote = [(key, value) for key in SOURCES
+              if (value := attrgetter(key)(cfg)) and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
     return [
