@@ -38,19 +38,17 @@ def _tensor_parallel(cfg: RunConfig) -> list[str]:
     tp, cluster, model = cfg.parallel.tp, cfg.cluster, cfg.model
     if tp == 1:
         return []
-    problems = []
-    if cluster.gpus_per_node % tp:
-        problems.append(
-            f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
-            "tensor-parallel group stays inside one node (it all-reduces every layer). "
-            f"Fix: a parallel.tp that divides {cluster.gpus_per_node}.")
-    for key, heads in (("model.num_heads", model.num_heads),
-                       ("model.num_kv_heads", model.num_kv_heads)):
-        if heads % tp:
-            problems.append(
-                f"parallel.tp={tp} with {key}={heads}: the heads are split over the "
-                f"tensor-parallel ranks. Fix: a parallel.tp that divides {heads}.")
-    return problems + _no_adapters(cfg, "parallel.tp", tp)
+    heads = {"model.num_heads": model.num_heads, "model.num_kv_heads": model.num_kv_heads}
+    return flagged([
+        (cluster.gpus_per_node % tp,
+         f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
+         "tensor-parallel group stays inside one node (it all-reduces every layer). "
+         f"Fix: a parallel.tp that divides {cluster.gpus_per_node}."),
+        *((count % tp,
+           f"parallel.tp={tp} with {key}={count}: the heads are split over the "
+           f"tensor-parallel ranks. Fix: a parallel.tp that divides {count}.")
+          for key, count in heads.items()),
+    ]) + _no_adapters(cfg, "parallel.tp", tp)
 
 
 def _sequence_parallel(cfg: RunConfig) -> list[str]:

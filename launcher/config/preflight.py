@@ -58,18 +58,14 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
     except OSError as error:
         return [f"{key}: cannot be read ({error.strerror}). Fix: the path of a hostfile "
                 "with one `host slots=N` line per node."]
-    hosts, bad = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if entry := re.fullmatch(r"(\S+)\s+slots=\d+", line):
-            hosts.append(entry[1])
-        else:
-            bad.append(f"line {number} {line!r}")
-    problems = [f"{key}: {where} is not `host slots=N`. Fix: one `host slots=N` per line."
-                for where in bad]
-    if not bad and len(hosts) < nodes:
+    lines = [(number, line.split("#", 1)[0].strip())
+             for number, line in enumerate(text.splitlines(), start=1)]
+    hosts = [(number, line) for number, line in lines if line]
+    problems = [
+        f"{key}: line {number} {line!r} is not `host slots=N`. Fix: one `host slots=N` per line."
+        for number, line in hosts if not re.fullmatch(r"\S+\s+slots=\d+", line)
+    ]
+    if not problems and len(hosts) < nodes:
         problems.append(f"{key}: lists {len(hosts)} host(s), cluster.nodes={nodes}. "
                         f"Fix: list {nodes} hosts or set cluster.nodes={len(hosts)}.")
     return problems
