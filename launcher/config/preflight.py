@@ -21,6 +21,8 @@ from launcher.schedulers.base import DEFAULT_SCHEDULER
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
 
+GIB = 1024**3
+
 
 def local_launch_problems(cfg: RunConfig) -> list[str]:
     """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
@@ -192,14 +194,13 @@ def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
     free = shutil.disk_usage(base).free
     if not base.is_dir() or free >= need.total_bytes:
         return []
-    gib = 1024**3
     at_least = "" if need.exact else "at least "
     return [
-        f"run.output_dir={cfg.run.output_dir}: {free / gib:.2f} GiB free on its filesystem "
-        f"({base}); the run needs {at_least}{need.total_bytes / gib:.2f} GiB: "
-        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / gib:.2f} GiB "
+        f"run.output_dir={cfg.run.output_dir}: {free / GIB:.2f} GiB free on its filesystem "
+        f"({base}); the run needs {at_least}{need.total_bytes / GIB:.2f} GiB: "
+        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / GIB:.2f} GiB "
         f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
-        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir"
+        f"{need.final_model_bytes / GIB:.2f} GiB. Fix: free space, another run.output_dir"
         + (" or " if cfg.run.force else ", ") + "fewer kept checkpoints (train.save_total_limit=2)"
         + ("." if cfg.run.force else ", or run.force=true to try anyway.")
     ]
@@ -220,9 +221,8 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if row.host_bytes <= total:
         return []
-    gib = 1024**3
     return [
-        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / gib:.1f} "
-        f"GiB of host RAM, this machine has {total / gib:.1f} GiB. Fix: a strategy without "
+        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / GIB:.1f} "
+        f"GiB of host RAM, this machine has {total / GIB:.1f} GiB. Fix: a strategy without "
         "offload that fits (`ftl estimate`), more nodes, or peft=lora."
     ]

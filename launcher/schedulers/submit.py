@@ -74,23 +74,18 @@ def check_jobs(jobs: list[list[str]], dry_run: bool = False) -> list[Checked]:
     return checked
 
 
-def _data_notice(checked: Checked) -> None:
-    """The job's rank 0 tokenizes when nobody has; say so, and how to do it here instead."""
-    from launcher.data.preprocess import read_prepared
-
-    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
-        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
-              "job will do it while the other ranks wait; `ftl preprocess` with the same "
-              "overrides does it here first.", file=sys.stderr)
-
-
 def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
+    from launcher.data.preprocess import read_prepared
     from launcher.run.launch import build_run, write_run
 
-    _data_notice(checked)
+    # the job's rank 0 tokenizes when nobody has: say so, and how to do it here instead
+    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
+        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
+              "job will do it while the other ranks wait; `ftl preprocess` with the same "
+              "overrides does it here first.", file=sys.stderr)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     name = job_script_name(scheduler.name)
     if dry_run:
