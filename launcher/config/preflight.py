@@ -112,25 +112,33 @@ def hub_reachable() -> bool:
     return True
 
 
-def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
-    """The checkpoint this launch would resume from must be loadable by this run."""
-    from launcher.rank.checkpoints import is_complete
+def resume_checkpoint(cfg: RunConfig) -> tuple[Path | None, list[str]]:
+    """What a new launch resumes from (run.resume=PATH, or with auto the newest complete
+    checkpoint of an earlier unfinished launch of the same run name), and why this run
+    cannot load it."""
+    from launcher.rank.checkpoints import is_complete, latest_in_earlier_runs
 
     resume = cfg.run.resume
-    if resume not in ("auto", "never") and not Path(resume).is_dir():
-        return [
+    if resume == "never":
+        return None, []
+    if resume == "auto":
+        source = latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
+    elif Path(resume).is_dir():
+        source = Path(resume).expanduser().resolve()
+    else:
+        return None, [
             f"run.resume={resume}: no such checkpoint directory. "
             "Fix: run.resume=auto, run.resume=never, or the path of a checkpoint-N directory."
         ]
-    if resume_from is None:
-        return []
-    if not is_complete(resume_from):
-        return [
-            f"run.resume={resume}: {resume_from} has no COMPLETE marker, so its save may not "
+    if source is None:
+        return None, []
+    if not is_complete(source):
+        return source, [
+            f"run.resume={resume}: {source} has no COMPLETE marker, so its save may not "
             "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
             "run, or run.resume=auto to take the latest complete one."
         ]
-    return _model_parallel_resume(cfg, resume_from)
+    return source, _model_parallel_resume(cfg, source)
 
 
 def _model_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
@@ -155,20 +163,6 @@ def _model_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
 
 def _layout(tp: int, sp: int, world: int) -> str:
     return f"parallel.tp={tp} parallel.sp={sp} on {world} ranks"
-
-
-def resume_source(cfg: RunConfig) -> Path | None:
-    """What a new launch resumes from: run.resume=PATH, or with auto the newest complete
-    checkpoint of an earlier unfinished launch of the same run name."""
-    from launcher.rank.checkpoints import latest_in_earlier_runs
-
-    resume = cfg.run.resume
-    if resume == "never":
-        return None
-    if resume != "auto":
-        path = Path(resume).expanduser()
-        return path.resolve() if path.is_dir() else None
-    return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
 
 
 def output_problems(cfg: RunConfig) -> list[str]:

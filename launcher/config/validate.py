@@ -100,8 +100,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     (checked.warnings if dry_run else problems).extend(here)
     # a tracker's package and credential: this environment's, which a batch job inherits
     (checked.warnings if dry_run else problems).extend(tracker_problems(cfg))
-    checked.resume_from = preflight.resume_source(cfg)
-    problems += preflight.resume_problems(cfg, checked.resume_from)
+    checked.resume_from, resume_problems = preflight.resume_checkpoint(cfg)
+    problems += resume_problems
     if checked.target == "submit" and not problems:  # not for an unregistered scheduler
         checked.warnings += _scheduler_warnings(checked)
     return problems + _fit_problems(checked)
