@@ -165,46 +165,37 @@ def _layout(tp: int, sp: int, world: int) -> str:
     return f"parallel.tp={tp} parallel.sp={sp} on {world} ranks"
 
 
-def output_problems(cfg: RunConfig) -> list[str]:
-    """run.output_dir can be created and written."""
+def output_problems(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str], list[str]]:
+    """run.output_dir can be created and written; and, apart (a risk the user may take), its
+    filesystem holds the checkpoints the run keeps plus its final model (sizes:
+    launcher/estimator/disk.py)."""
     key = f"run.output_dir={cfg.run.output_dir}"
-    base = _nearest_existing(Path(cfg.run.output_dir))
+    base = Path(cfg.run.output_dir).absolute()
+    while not base.exists() and base != base.parent:  # the directory it would be made in
+        base = base.parent
     if not base.is_dir():
-        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."]
+        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."], []
+    here = []
     if not os.access(base, os.W_OK | os.X_OK):
-        return [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
-    return []
-
-
-def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
-    """run.output_dir's filesystem holds the checkpoints the run keeps plus its final model
-    (sizes: launcher/estimator/disk.py)."""
+        here = [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
     if estimate is None:
-        return []
+        return here, []
     from launcher.estimator.disk import disk_need
 
-    base = _nearest_existing(Path(cfg.run.output_dir))
     need = disk_need(cfg, estimate.params, estimate.trainable_params)
     free = shutil.disk_usage(base).free
-    if not base.is_dir() or free >= need.total_bytes:
-        return []
+    if free >= need.total_bytes:
+        return here, []
     at_least = "" if need.exact else "at least "
-    return [
-        f"run.output_dir={cfg.run.output_dir}: {free / GIB:.2f} GiB free on its filesystem "
-        f"({base}); the run needs {at_least}{need.total_bytes / GIB:.2f} GiB: "
+    return here, [
+        f"{key}: {free / GIB:.2f} GiB free on its filesystem ({base}); the run needs "
+        f"{at_least}{need.total_bytes / GIB:.2f} GiB: "
         f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / GIB:.2f} GiB "
         f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
         f"{need.final_model_bytes / GIB:.2f} GiB. Fix: free space, another run.output_dir"
         + (" or " if cfg.run.force else ", ") + "fewer kept checkpoints (train.save_total_limit=2)"
         + ("." if cfg.run.force else ", or run.force=true to try anyway.")
     ]
-
-
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:

@@ -94,8 +94,7 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
     # this machine's, not the job's: warnings for a dry run; too little space is a risk
     # the user may take (run.force)
-    here = preflight.output_problems(cfg)
-    space = preflight.space_problems(cfg, checked.estimate)
+    here, space = preflight.output_problems(cfg, checked.estimate)
     (checked.warnings if dry_run or cfg.run.force else here).extend(space)
     (checked.warnings if dry_run else problems).extend(here)
     # a tracker's package and credential: this environment's, which a batch job inherits
