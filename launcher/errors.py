@@ -1,4 +1,5 @@
-"""The two errors a user can fix: both end the CLI with exit code 2 and no traceback."""
+"""The two errors a user can fix (both end the CLI with exit code 2 and no traceback), and
+`flagged`, how a rule lists its problems."""
 
 from __future__ import annotations
 

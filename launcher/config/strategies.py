@@ -31,13 +31,10 @@ def strategy_table() -> dict[str, StrategyConfig]:
 
 @cache
 def _load(root: Path) -> tuple[tuple[str, StrategyConfig], ...]:
-    table = []
-    for path in sorted((root / "strategy").glob("*.yaml")):
-        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(path))
-        settings = OmegaConf.to_object(merged)
-        assert isinstance(settings, StrategyConfig)
-        table.append((settings.name, settings))
-    return tuple(table)
+    schema = OmegaConf.structured(StrategyConfig)
+    table = [OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+             for path in sorted((root / "strategy").glob("*.yaml"))]
+    return tuple((settings.name, settings) for settings in table)
 
 
 def concrete_strategies() -> dict[str, StrategyConfig]:
