@@ -69,7 +69,7 @@ def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    """DictConfig -> RunConfig dataclasses (also used by the worker on config.yaml)."""
+    """DictConfig -> RunConfig dataclasses."""
     typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     run_config = OmegaConf.to_object(typed)
     assert isinstance(run_config, RunConfig)

@@ -149,8 +149,6 @@ def scancel(job_id: str) -> None:
 
 
 class SlurmScheduler:
-    """launcher.schedulers.base.Scheduler for Slurm."""
-
     name = "slurm"
 
     problems = staticmethod(slurm_problems)
