@@ -84,16 +84,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.run.launch import check
 
     checked = check(args.overrides, "estimate")
-    cfg, est, tokens = checked.cfg, checked.estimate, None
+    cfg, est = checked.cfg, checked.estimate
     # the run's tokens unless train.max_steps sets the step count; tokenized and cached
     # now if not yet (this loads transformers, so only on request)
     if args.count_tokens and cfg.train.max_steps <= 0:
         from launcher.data.preprocess import data_dir, ensure_prepared
 
         prepared = ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate")
-        tokens = int(prepared.tokens * cfg.train.epochs)
-    if tokens is not None or est is None:
-        est = estimate(cfg, tokens=tokens)
+        est = estimate(cfg, tokens=int(prepared.tokens * cfg.train.epochs))
+    assert est is not None  # validation estimates every config it passes
     chosen = chosen_strategy(cfg, est)
     if args.json:
         print(json.dumps(estimate_json(est, chosen), indent=2))
