@@ -1,9 +1,6 @@
-"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs.
-
-plan, ds-config and estimate never import torch, transformers or deepspeed. quantize takes
-Hydra overrides too (for the `dataset` group it evaluates perplexity on).
-Exit codes: 0 ok, 2 bad configuration or data (message, no traceback), 1 a run that failed
-(or, for doctor, a check that failed).
+"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs (they and their exit
+codes: docs/design.md, "The user's surface"). plan, ds-config and estimate never import
+torch, transformers or deepspeed.
 """
 
 from __future__ import annotations
@@ -87,16 +84,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.run.launch import check
 
     checked = check(args.overrides, "estimate")
-    cfg, est, tokens = checked.cfg, checked.estimate, None
+    cfg, est = checked.cfg, checked.estimate
     # the run's tokens unless train.max_steps sets the step count; tokenized and cached
     # now if not yet (this loads transformers, so only on request)
     if args.count_tokens and cfg.train.max_steps <= 0:
         from launcher.data.preprocess import data_dir, ensure_prepared
 
         prepared = ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate")
-        tokens = int(prepared.tokens * cfg.train.epochs)
-    if tokens is not None or est is None:
-        est = estimate(cfg, tokens=tokens)
+        est = estimate(cfg, tokens=int(prepared.tokens * cfg.train.epochs))
+    assert est is not None  # validation estimates every config it passes
     chosen = chosen_strategy(cfg, est)
     if args.json:
         print(json.dumps(estimate_json(est, chosen), indent=2))
@@ -208,18 +204,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor(args.overrides, as_json=args.json)
 
 
-@verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID", TARGET)
-def cmd_status(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import status
-
-    return status(args.target)
-
-
 @verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID", TARGET)
-def cmd_cancel(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import cancel
+@verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID", TARGET)
+def cmd_job(args: argparse.Namespace) -> int:
+    from launcher.schedulers.submit import cancel, status
 
-    return cancel(args.target)
+    return (status if args.verb == "status" else cancel)(args.target)
 
 
 @verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]",

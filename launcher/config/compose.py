@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config.schema import GROUPS, RunConfig, register_configs
+from launcher.config.schema import GROUPS, RunConfig
 from launcher.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -46,8 +46,7 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
     run_config = to_run_config(compose_dict(overrides))
-    notice = own_eval_set(run_config, overrides)
-    if notice:
+    if notice := own_eval_set(run_config, overrides):
         print(f"ftl: {notice}", file=sys.stderr)
     return resolve_paths(run_config, Path.cwd())
 
@@ -70,7 +69,7 @@ def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    """DictConfig -> RunConfig dataclasses (also used by the worker on config.yaml)."""
+    """DictConfig -> RunConfig dataclasses."""
     typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
     run_config = OmegaConf.to_object(typed)
     assert isinstance(run_config, RunConfig)
@@ -84,13 +83,15 @@ def load_run_config(path: Path) -> RunConfig:
 
 def _compose(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
+    # the typed root, which configs/config.yaml's defaults list names
+    ConfigStore.instance().store(name="base_config", node=RunConfig)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    _reject_added_keys(cfg)
+    _reject_added_keys(cfg, RunConfig())
     return cfg
 
 
@@ -102,10 +103,9 @@ def _failure(overrides: list[str]) -> Exception | None:
     return None
 
 
-def _reject_added_keys(cfg: DictConfig, section: Any = None) -> None:
+def _reject_added_keys(cfg: DictConfig, section: Any) -> None:
     """`+train.x=1` (or `+cluster.slurm.x=1`, at any depth) slips past Hydra's struct check
     on dataclass nodes; refuse it here."""
-    section = RunConfig() if section is None else section
     known = {f.name for f in fields(section)}
     for key in cfg:
         if key not in known:

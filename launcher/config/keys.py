@@ -2,8 +2,7 @@
 
 Each doc is the attribute docstring under the field in schema.py, read with ast, so a new
 field needs no table here; allowed values come from where they are checked (rules.choices,
-the strategy table, configs/<group>/*.yaml). Two defaults: the schema's, and what
-configs/config.yaml's default groups set (`ftl train` with no overrides). Imports no torch.
+the strategy table, configs/<group>/*.yaml). Imports no torch.
 """
 
 from __future__ import annotations
@@ -24,12 +23,6 @@ from launcher.config.compose import compose_dict, config_dir
 from launcher.config.strategies import strategy_table
 from launcher.config.trackers import CHOICES as TRACKER_CHOICES
 from launcher.errors import ConfigError
-
-HEADER = (
-    "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
-    "where it differs, what the default config sets (configs/config.yaml's groups, no\n"
-    "overrides: what `ftl train` runs), allowed values, doc.\n"
-)
 
 
 @dataclass(frozen=True)
@@ -75,12 +68,15 @@ def all_keys() -> list[Key]:
     groups = {k: v for entry in defaults or [] if isinstance(entry, dict) for k, v in entry.items()}
     choices = {**rules.choices(), "strategy.name": tuple(strategy_table()),
                "train.report_to": TRACKER_CHOICES,
-               **{group: _options(group) for group in schema.GROUPS}}
+               **{group: tuple(sorted(path.stem for path in (config_dir() / group).glob("*.yaml")))
+                  for group in schema.GROUPS}}
     keys: list[Key] = []
 
     def walk(cls: type, prefix: str, values: Any) -> None:
         for f in fields(cls):
-            name, value, default = prefix + f.name, (values or {}).get(f.name), _default(f)
+            name, value, default = prefix + f.name, (values or {}).get(f.name), f.default
+            if f.default_factory is not NO_DEFAULT:
+                default = f.default_factory()
             doc = docs.get(cls.__name__, {}).get(f.name, "")
             if is_dataclass(default):
                 kind = "group" if name in groups else "section"
@@ -88,21 +84,12 @@ def all_keys() -> list[Key]:
                 keys.append(Key(name, kind, group, False, group, choices.get(name, ()), doc))
                 walk(type(default), name + ".", value)
             else:
-                keys.append(Key(name, str(f.type), default, f.default == MISSING, value,
-                                choices.get(name, ()), doc))
+                required = default == MISSING
+                keys.append(Key(name, str(f.type), None if required else default, required,
+                                value, choices.get(name, ()), doc))
 
     walk(schema.RunConfig, "", composed)
     return keys
-
-
-def _default(f: Any) -> Any:
-    if f.default_factory is not NO_DEFAULT:
-        return f.default_factory()
-    return None if f.default == MISSING else f.default
-
-
-def _options(group: str) -> tuple[str, ...]:
-    return tuple(sorted(path.stem for path in (config_dir() / group).glob("*.yaml")))
 
 
 def select(keys: list[Key], prefix: str) -> list[Key]:
@@ -119,7 +106,11 @@ def select(keys: list[Key], prefix: str) -> list[Key]:
 
 
 def render(keys: list[Key]) -> str:
-    lines = [HEADER]
+    lines = [
+        "Each key as typed (KEY=VALUE; a group as GROUP=NAME): type, the schema's default and,\n"
+        "where it differs, what the default config sets (configs/config.yaml's groups, no\n"
+        "overrides: what `ftl train` runs), allowed values, doc.\n"
+    ]
     for k in keys:
         head = f"{k.key}  ({k.type})"
         if k.required:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from launcher.config.schema import RunConfig
 from launcher.engines import engine_of
+from launcher.errors import flagged
 
 
 def model_parallel_problems(cfg: RunConfig) -> list[str]:
@@ -37,19 +38,17 @@ def _tensor_parallel(cfg: RunConfig) -> list[str]:
     tp, cluster, model = cfg.parallel.tp, cfg.cluster, cfg.model
     if tp == 1:
         return []
-    problems = []
-    if cluster.gpus_per_node % tp:
-        problems.append(
-            f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
-            "tensor-parallel group stays inside one node (it all-reduces every layer). "
-            f"Fix: a parallel.tp that divides {cluster.gpus_per_node}.")
-    for key, heads in (("model.num_heads", model.num_heads),
-                       ("model.num_kv_heads", model.num_kv_heads)):
-        if heads % tp:
-            problems.append(
-                f"parallel.tp={tp} with {key}={heads}: the heads are split over the "
-                f"tensor-parallel ranks. Fix: a parallel.tp that divides {heads}.")
-    return problems + _no_adapters(cfg, "parallel.tp", tp)
+    heads = {"model.num_heads": model.num_heads, "model.num_kv_heads": model.num_kv_heads}
+    return flagged([
+        (cluster.gpus_per_node % tp,
+         f"parallel.tp={tp} with cluster.gpus_per_node={cluster.gpus_per_node}: a "
+         "tensor-parallel group stays inside one node (it all-reduces every layer). "
+         f"Fix: a parallel.tp that divides {cluster.gpus_per_node}."),
+        *((count % tp,
+           f"parallel.tp={tp} with {key}={count}: the heads are split over the "
+           f"tensor-parallel ranks. Fix: a parallel.tp that divides {count}.")
+          for key, count in heads.items()),
+    ]) + _no_adapters(cfg, "parallel.tp", tp)
 
 
 def _sequence_parallel(cfg: RunConfig) -> list[str]:
@@ -58,7 +57,7 @@ def _sequence_parallel(cfg: RunConfig) -> list[str]:
     sp, model, kv = cfg.parallel.sp, cfg.model, cfg.model.num_kv_heads
     if sp == 1:
         return []
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (cfg.world_size % sp,
          f"parallel.sp={sp} with {cfg.world_size} ranks (cluster.nodes x "
          f"cluster.gpus_per_node): every rank belongs to one sequence-parallel group. "
@@ -74,9 +73,7 @@ def _sequence_parallel(cfg: RunConfig) -> list[str]:
          f"parallel.sp={sp} with dataset.packing=true: Ulysses drops the attention mask, "
          "so sdpa would attend across the packed documents (flash-attention varlen, which "
          "keeps them apart, needs a GPU build). Fix: dataset.packing=false."),
-    ]
-    problems = [problem for wrong, problem in checks if wrong]
-    return problems + _no_adapters(cfg, "parallel.sp", sp)
+    ]) + _no_adapters(cfg, "parallel.sp", sp)
 
 
 def _no_adapters(cfg: RunConfig, key: str, size: int) -> list[str]:

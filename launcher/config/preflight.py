@@ -3,25 +3,25 @@ validation stage (launcher/config/validate.py): each returns problems, never rai
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import socket
-from collections.abc import Mapping
+from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.config import trackers
 from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
+from launcher.data.datascan import scan_file
+from launcher.data.formats import FORMATS
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
 
-HUB_HOST = "huggingface.co"
+GIB = 1024**3
 
 
 def local_launch_problems(cfg: RunConfig) -> list[str]:
@@ -60,26 +60,22 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
     except OSError as error:
         return [f"{key}: cannot be read ({error.strerror}). Fix: the path of a hostfile "
                 "with one `host slots=N` line per node."]
-    hosts, bad = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if entry := re.fullmatch(r"(\S+)\s+slots=\d+", line):
-            hosts.append(entry[1])
-        else:
-            bad.append(f"line {number} {line!r}")
-    problems = [f"{key}: {where} is not `host slots=N`. Fix: one `host slots=N` per line."
-                for where in bad]
-    if not bad and len(hosts) < nodes:
+    lines = [(number, line.split("#", 1)[0].strip())
+             for number, line in enumerate(text.splitlines(), start=1)]
+    hosts = [(number, line) for number, line in lines if line]
+    problems = [
+        f"{key}: line {number} {line!r} is not `host slots=N`. Fix: one `host slots=N` per line."
+        for number, line in hosts if not re.fullmatch(r"\S+\s+slots=\d+", line)
+    ]
+    if not problems and len(hosts) < nodes:
         problems.append(f"{key}: lists {len(hosts)} host(s), cluster.nodes={nodes}. "
                         f"Fix: list {nodes} hosts or set cluster.nodes={len(hosts)}.")
     return problems
 
 
 def missing_sources(cfg: RunConfig) -> list[str]:
-    sources = {key: attrgetter(key)(cfg) for key in SOURCES}
-    remote = [(key, value) for key, value in sources.items() if value and not Path(value).exists()]
+    remote = [(key, value) for key in SOURCES
+              if (value := attrgetter(key)(cfg)) and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
     return [
@@ -93,11 +89,6 @@ def missing_sources(cfg: RunConfig) -> list[str]:
 def unreadable_data(cfg: RunConfig) -> list[str]:
     """Scan local data files row by row here (streaming, nothing kept), so a bad line fails
     with its file and line number before any rank starts."""
-    from dataclasses import asdict
-
-    from launcher.data.datascan import scan_file
-    from launcher.data.formats import FORMATS
-
     data = cfg.dataset
     if data.format not in FORMATS:
         return []  # rules._choices reports the format; its rows cannot be judged
@@ -115,31 +106,39 @@ def hub_reachable() -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
         return False
     try:
-        socket.create_connection((HUB_HOST, 443), timeout=3).close()
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:
         return False
     return True
 
 
-def resume_problems(cfg: RunConfig, resume_from: Path | None) -> list[str]:
-    """The checkpoint this launch would resume from must be loadable by this run."""
-    from launcher.rank.checkpoints import is_complete
+def resume_checkpoint(cfg: RunConfig) -> tuple[Path | None, list[str]]:
+    """What a new launch resumes from (run.resume=PATH, or with auto the newest complete
+    checkpoint of an earlier unfinished launch of the same run name), and why this run
+    cannot load it."""
+    from launcher.rank.checkpoints import is_complete, latest_in_earlier_runs
 
     resume = cfg.run.resume
-    if resume not in ("auto", "never") and not Path(resume).is_dir():
-        return [
+    if resume == "never":
+        return None, []
+    if resume == "auto":
+        source = latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
+    elif Path(resume).is_dir():
+        source = Path(resume).expanduser().resolve()
+    else:
+        return None, [
             f"run.resume={resume}: no such checkpoint directory. "
             "Fix: run.resume=auto, run.resume=never, or the path of a checkpoint-N directory."
         ]
-    if resume_from is None:
-        return []
-    if not is_complete(resume_from):
-        return [
-            f"run.resume={resume}: {resume_from} has no COMPLETE marker, so its save may not "
+    if source is None:
+        return None, []
+    if not is_complete(source):
+        return source, [
+            f"run.resume={resume}: {source} has no COMPLETE marker, so its save may not "
             "have finished (e.g. a crash mid-save). Fix: pick an earlier checkpoint of the "
             "run, or run.resume=auto to take the latest complete one."
         ]
-    return _model_parallel_resume(cfg, resume_from)
+    return source, _model_parallel_resume(cfg, source)
 
 
 def _model_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
@@ -166,61 +165,37 @@ def _layout(tp: int, sp: int, world: int) -> str:
     return f"parallel.tp={tp} parallel.sp={sp} on {world} ranks"
 
 
-def resume_source(cfg: RunConfig) -> Path | None:
-    """What a new launch resumes from: run.resume=PATH, or with auto the newest complete
-    checkpoint of an earlier unfinished launch of the same run name."""
-    from launcher.rank.checkpoints import latest_in_earlier_runs
-
-    resume = cfg.run.resume
-    if resume == "never":
-        return None
-    if resume != "auto":
-        path = Path(resume).expanduser()
-        return path.resolve() if path.is_dir() else None
-    return latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
-
-
-def output_problems(cfg: RunConfig) -> list[str]:
-    """run.output_dir can be created and written."""
+def output_problems(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str], list[str]]:
+    """run.output_dir can be created and written; and, apart (a risk the user may take), its
+    filesystem holds the checkpoints the run keeps plus its final model (sizes:
+    launcher/estimator/disk.py)."""
     key = f"run.output_dir={cfg.run.output_dir}"
-    base = _nearest_existing(Path(cfg.run.output_dir))
+    base = Path(cfg.run.output_dir).absolute()
+    while not base.exists() and base != base.parent:  # the directory it would be made in
+        base = base.parent
     if not base.is_dir():
-        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."]
+        return [f"{key}: {base} is a file, not a directory. Fix: another run.output_dir."], []
+    here = []
     if not os.access(base, os.W_OK | os.X_OK):
-        return [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
-    return []
-
-
-def space_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
-    """run.output_dir's filesystem holds the checkpoints the run keeps plus its final model
-    (sizes: launcher/estimator/disk.py)."""
+        here = [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
     if estimate is None:
-        return []
+        return here, []
     from launcher.estimator.disk import disk_need
 
-    base = _nearest_existing(Path(cfg.run.output_dir))
     need = disk_need(cfg, estimate.params, estimate.trainable_params)
     free = shutil.disk_usage(base).free
-    if not base.is_dir() or free >= need.total_bytes:
-        return []
-    gib = 1024**3
+    if free >= need.total_bytes:
+        return here, []
     at_least = "" if need.exact else "at least "
-    return [
-        f"run.output_dir={cfg.run.output_dir}: {free / gib:.2f} GiB free on its filesystem "
-        f"({base}); the run needs {at_least}{need.total_bytes / gib:.2f} GiB: "
-        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / gib:.2f} GiB "
+    return here, [
+        f"{key}: {free / GIB:.2f} GiB free on its filesystem ({base}); the run needs "
+        f"{at_least}{need.total_bytes / GIB:.2f} GiB: "
+        f"{need.checkpoints} checkpoint(s) of {need.checkpoint_bytes / GIB:.2f} GiB "
         f"(train.save_total_limit={cfg.train.save_total_limit}) and the final model, "
-        f"{need.final_model_bytes / gib:.2f} GiB. Fix: free space, another run.output_dir"
+        f"{need.final_model_bytes / GIB:.2f} GiB. Fix: free space, another run.output_dir"
         + (" or " if cfg.run.force else ", ") + "fewer kept checkpoints (train.save_total_limit=2)"
         + ("." if cfg.run.force else ", or run.force=true to try anyway.")
     ]
-
-
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]:
@@ -231,48 +206,8 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if row.host_bytes <= total:
         return []
-    gib = 1024**3
     return [
-        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / gib:.1f} "
-        f"GiB of host RAM, this machine has {total / gib:.1f} GiB. Fix: a strategy without "
+        f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / GIB:.1f} "
+        f"GiB of host RAM, this machine has {total / GIB:.1f} GiB. Fix: a strategy without "
         "offload that fits (`ftl estimate`), more nodes, or peft=lora."
     ]
-
-
-def tracker_problems(cfg: RunConfig, environ: Mapping[str, str] | None = None) -> list[str]:
-    """train.report_to: a tracker's package missing here, or its credential missing from the
-    environment (a Slurm job inherits this environment: sbatch --export=ALL). The
-    environment is read at the call, never bound at import: `datasets`' multi-process map
-    replaces the os.environ object (arrow_dataset.py: `os.environ = prev_env`)."""
-    environ = os.environ if environ is None else environ
-    problems, requested = [], trackers.requested(cfg)
-    for name in requested:
-        modules = (name,)
-        if name == "mlflow" and _mlflow_sql_store(environ):
-            modules += trackers.SQL_STORE_MODULES
-        problems += [_missing(cfg, name, module) for module in modules
-                     if importlib.util.find_spec(module) is None]
-    wandb_mode = environ.get("WANDB_MODE", "").lower()
-    if "wandb" in requested and not environ.get("WANDB_API_KEY") and \
-            wandb_mode not in trackers.WANDB_LOCAL_MODES:
-        problems.append(
-            f"{trackers.typed(cfg)}: wandb logs to its server and WANDB_API_KEY is not set in "
-            "this environment (ftl takes credentials from the environment only). Fix: export "
-            "WANDB_API_KEY=<your key>, or WANDB_MODE=offline to log locally (`wandb sync` "
-            "later), or leave wandb out of train.report_to."
-        )
-    return problems
-
-
-def _mlflow_sql_store(environ: Mapping[str, str]) -> bool:
-    """No URI (the default store, trackers.default_mlflow_uri) or a sqlite one."""
-    uri = environ.get("MLFLOW_TRACKING_URI", "")
-    return not uri or uri.startswith("sqlite:")
-
-
-def _missing(cfg: RunConfig, name: str, module: str) -> str:
-    extra = name in trackers.EXTRAS
-    install = f"pip install 'ftlaunch[{name}]'" if extra else f"pip install {module}"
-    return (f"{trackers.typed(cfg)}: {name} needs the Python package {module}, which is not "
-            f"installed in this environment. Fix: {install}, or leave {name} out of "
-            "train.report_to.")

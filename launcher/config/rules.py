@@ -17,6 +17,7 @@ from launcher.config.trackers import name_problems as tracker_names
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
+from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -30,9 +31,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
 
-Rule = Callable[[RunConfig], list[str]]
-
-
 def choices() -> dict[str, tuple[str, ...]]:
     """Every key checked against a list (read at the call: a scheduler may register after
     import)."""
@@ -41,7 +39,7 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 def config_problems(cfg: RunConfig) -> list[str]:
     """Rules on the values as given (strategy=auto not yet resolved)."""
-    rules: list[Rule] = [
+    rules: list[Callable[[RunConfig], list[str]]] = [
         _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
         _multi_node, _plain_names, model_parallel_problems, _watchdog, tracker_names,
     ]
@@ -56,11 +54,9 @@ def strategy_problems(cfg: RunConfig) -> list[str]:
 
 
 def _choices(cfg: RunConfig) -> list[str]:
-    problems = []
-    for key, allowed in choices().items():
-        value = attrgetter(key)(cfg)
-        if value not in allowed:
-            problems.append(f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one.")
+    problems = [f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one."
+                for key, allowed in choices().items()
+                if (value := attrgetter(key)(cfg)) not in allowed]
     problems += backend_problems(cfg.strategy)
     table = strategy_table()
     if cfg.strategy.name not in table:
@@ -109,15 +105,14 @@ def _precision(cfg: RunConfig) -> list[str]:
     if preset is None:
         return []
     where = "CPU training (cluster.gpu=cpu)" if preset.is_cpu else f"cluster.gpu={gpu}"
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (name == "fp16" and not preset.supports_fp16,
          f"precision=fp16: {where} cannot run fp16 mixed precision. "
          "Fix: precision=bf16 or precision=fp32 here, or a GPU preset (cluster.gpu=a100-80g)."),
         (name == "bf16" and not preset.supports_bf16,
          f"precision=bf16: cluster.gpu={gpu} has no bf16 support. "
          "Fix: precision=fp16 (AMP with loss scaling) or a newer preset (cluster.gpu=a100-80g)."),
-    ]
-    return [problem for wrong, problem in checks if wrong]
+    ])
 
 
 def _strategy(cfg: RunConfig) -> list[str]:
@@ -156,7 +151,7 @@ def _batch(cfg: RunConfig) -> list[str]:
 
 def _model(cfg: RunConfig) -> list[str]:
     model = cfg.model
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (model.num_heads <= 0 or model.hidden_size % model.num_heads,
          f"model.num_heads={model.num_heads}: must divide model.hidden_size="
          f"{model.hidden_size}. Fix: correct the model's architecture numbers."),
@@ -170,13 +165,12 @@ def _model(cfg: RunConfig) -> list[str]:
          f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
          f"model.max_position_embeddings={model.max_position_embeddings}. "
          f"Fix: dataset.max_length={model.max_position_embeddings} or less."),
-    ]
-    return [problem for wrong, problem in checks if wrong]
+    ])
 
 
 def _peft(cfg: RunConfig) -> list[str]:
     peft, qlora = cfg.peft, cfg.peft.name == "qlora"
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (peft.name != "none" and (peft.r <= 0 or peft.alpha <= 0),
          f"peft.r={peft.r}, peft.alpha={peft.alpha}: both must be positive."),
         (peft.name == "lora" and peft.bits != 16,
@@ -191,9 +185,7 @@ def _peft(cfg: RunConfig) -> list[str]:
         (qlora and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3,
          f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
          "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."),
-    ]
-    problems = [problem for wrong, problem in checks if wrong]
-    return problems + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
+    ]) + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
 
 
 QLORA_CPU_BLOCK = 32
@@ -252,7 +244,7 @@ def _eval(cfg: RunConfig) -> list[str]:
     asked += ["train.eval_on_start=true"] if train.eval_on_start else []
     # the prompts launcher/inference/examples.py answers are the eval set's
     asked += [f"train.show_examples={train.show_examples}"] if train.show_examples > 0 else []
-    checks = [  # whether it is wrong, and the problem
+    return flagged([
         (not 0 <= data.eval_fraction < 1,
          f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
          "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
@@ -264,8 +256,7 @@ def _eval(cfg: RunConfig) -> list[str]:
         (train.show_examples < 0,
          f"train.show_examples={train.show_examples}: a number of held-out "
          "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none."),
-    ]
-    return [problem for wrong, problem in checks if wrong]
+    ])
 
 
 def _columns(cfg: RunConfig) -> list[str]:
@@ -290,17 +281,16 @@ def _callbacks(cfg: RunConfig) -> list[str]:
                 f"{key}={spec}: needs _target_: module.Class. "
                 "Fix: e.g. {_target_: mypkg.callbacks.MyCallback, some_arg: 1}."
             )
-        elif not _module_exists(target.rsplit(".", 1)[0]):
+        elif not _module_exists(module := target.rsplit(".", 1)[0]):
             problems.append(
-                f"{key}._target_={target}: module {target.rsplit('.', 1)[0]} is not importable "
+                f"{key}._target_={target}: module {module} is not importable "
                 "here (the ranks start in this directory). Fix: check the dotted path."
             )
     return problems
 
 
 def _watchdog(cfg: RunConfig) -> list[str]:
-    """The hang watchdog's bounds (launcher/rank/watchdog.py): off at hang_timeout_s <= 0;
-    on, the first step's bound must be positive and no shorter than a step's."""
+    """The hang watchdog's bounds (launcher/rank/watchdog.py)."""
     train = cfg.train
     if train.hang_timeout_s <= 0:
         return []

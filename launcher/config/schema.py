@@ -80,7 +80,7 @@ class DatasetConfig:
     format: str = "alpaca"
     """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
     prompt_completion or text: launcher/data/formats.py."""
-    columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
     """Column renames, e.g. dataset.columns.messages=conversation."""
     template: str = "auto"
     """auto: the tokenizer's own chat template (the built-in one if it has none); builtin:
@@ -376,10 +376,3 @@ class RunConfig:
 
 
 GROUPS: tuple[str, ...] = ("model", "dataset", "precision", "strategy", "cluster", "peft")
-
-
-def register_configs() -> None:
-    """Make `base_config` (the typed root) available to configs/config.yaml's defaults."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="base_config", node=RunConfig)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from launcher.config.compose import config_dir
 from launcher.config.schema import StrategyConfig
 from launcher.engines import in_auto_ladder, is_auto
 
@@ -25,20 +26,15 @@ CHOSEN_FIELDS = (
 
 def strategy_table() -> dict[str, StrategyConfig]:
     """name -> settings of every strategy in configs/strategy/ (auto included)."""
-    from launcher.config.compose import config_dir
-
     return dict(_load(config_dir()))
 
 
 @cache
-def _load(config_dir: Path) -> tuple[tuple[str, StrategyConfig], ...]:
-    table = []
-    for path in sorted((config_dir / "strategy").glob("*.yaml")):
-        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(path))
-        settings = OmegaConf.to_object(merged)
-        assert isinstance(settings, StrategyConfig)
-        table.append((settings.name, settings))
-    return tuple(table)
+def _load(root: Path) -> tuple[tuple[str, StrategyConfig], ...]:
+    schema = OmegaConf.structured(StrategyConfig)
+    table = [OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+             for path in sorted((root / "strategy").glob("*.yaml"))]
+    return tuple((settings.name, settings) for settings in table)
 
 
 def concrete_strategies() -> dict[str, StrategyConfig]:

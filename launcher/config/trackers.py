@@ -1,11 +1,13 @@
 """The experiment trackers `train.report_to` names, and what each needs before a launch: the
 config side of launcher/rank/trackers.py (the ranks log through the HF Trainer's own
 integrations). Credentials come from the environment only, never from the config, and ftl
-writes them nowhere; preflight.tracker_problems checks this environment with these facts.
+writes them nowhere.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 from launcher.config.schema import RunConfig
@@ -13,15 +15,6 @@ from launcher.config.schema import RunConfig
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 NONE = "none"
 CHOICES = (*TRACKERS, NONE)
-
-SQL_STORE_MODULES = ("sqlalchemy", "alembic")
-"""What MLflow's sqlite store needs beyond mlflow-skinny (the default store, below)."""
-EXTRAS = ("wandb", "mlflow")
-"""The trackers the ftlaunch extra of their name installs (tensorboard is a core dependency).
-Each tracker's integration imports the package of its name on rank 0."""
-
-WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
-"""WANDB_MODE values under which wandb never talks to a server, so needs no key."""
 
 
 def requested(cfg: RunConfig) -> list[str]:
@@ -45,6 +38,42 @@ def name_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"{typed(cfg)}: {NONE} with other trackers. Fix: "
                         f"train.report_to=[{NONE}] alone, or leave {NONE} out.")
     return problems
+
+
+def tracker_problems(cfg: RunConfig) -> list[str]:
+    """A tracker's package missing here, or its credential missing from the environment (a
+    Slurm job inherits this environment: sbatch --export=ALL). The environment is read at
+    the call, never bound at import: `datasets`' multi-process map replaces the os.environ
+    object (arrow_dataset.py: `os.environ = prev_env`)."""
+    problems, names = [], requested(cfg)
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    for name in names:
+        modules = (name,)
+        if name == "mlflow" and (not uri or uri.startswith("sqlite:")):
+            # the default store (default_mlflow_uri) or a sqlite one: beyond mlflow-skinny
+            modules += ("sqlalchemy", "alembic")
+        problems += [_missing(cfg, name, module) for module in modules
+                     if importlib.util.find_spec(module) is None]
+    # under these modes wandb never talks to a server, so needs no key
+    local = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    if "wandb" in names and not os.environ.get("WANDB_API_KEY") and not local:
+        problems.append(
+            f"{typed(cfg)}: wandb logs to its server and WANDB_API_KEY is not set in "
+            "this environment (ftl takes credentials from the environment only). Fix: export "
+            "WANDB_API_KEY=<your key>, or WANDB_MODE=offline to log locally (`wandb sync` "
+            "later), or leave wandb out of train.report_to."
+        )
+    return problems
+
+
+def _missing(cfg: RunConfig, name: str, module: str) -> str:
+    # wandb and mlflow have an ftlaunch extra of their name (tensorboard is a core
+    # dependency); each integration imports the package of its name on rank 0
+    extra = name in ("wandb", "mlflow")
+    install = f"pip install 'ftlaunch[{name}]'" if extra else f"pip install {module}"
+    return (f"{typed(cfg)}: {name} needs the Python package {module}, which is not "
+            f"installed in this environment. Fix: {install}, or leave {name} out of "
+            "train.report_to.")
 
 
 def default_mlflow_uri(cfg: RunConfig) -> str:

@@ -12,16 +12,15 @@ from typing import TYPE_CHECKING, Literal
 from launcher.config import preflight
 from launcher.config.rules import config_problems, strategy_problems
 from launcher.config.schema import RunConfig
+from launcher.config.trackers import tracker_problems
 from launcher.engines import is_auto
 from launcher.errors import ConfigError
+from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
 
 Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
-"""estimate: config rules only; plan: + strategy=auto; train: + this machine; submit: +
-the scheduler; both + the resume checkpoint and the fit. preprocess: config rules and the
-data. train, submit and preprocess scan the data and name its cache (Checked.data_dir)."""
 
 
 @dataclass
@@ -95,22 +94,19 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
     # this machine's, not the job's: warnings for a dry run; too little space is a risk
     # the user may take (run.force)
-    here = preflight.output_problems(cfg)
-    space = preflight.space_problems(cfg, checked.estimate)
+    here, space = preflight.output_problems(cfg, checked.estimate)
     (checked.warnings if dry_run or cfg.run.force else here).extend(space)
     (checked.warnings if dry_run else problems).extend(here)
     # a tracker's package and credential: this environment's, which a batch job inherits
-    (checked.warnings if dry_run else problems).extend(preflight.tracker_problems(cfg))
-    checked.resume_from = preflight.resume_source(cfg)
-    problems += preflight.resume_problems(cfg, checked.resume_from)
+    (checked.warnings if dry_run else problems).extend(tracker_problems(cfg))
+    checked.resume_from, resume_problems = preflight.resume_checkpoint(cfg)
+    problems += resume_problems
     if checked.target == "submit" and not problems:  # not for an unregistered scheduler
         checked.warnings += _scheduler_warnings(checked)
     return problems + _fit_problems(checked)
 
 
 def _scheduler_problems(cfg: RunConfig) -> list[str]:
-    from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
-
     if cfg.cluster.scheduler not in SCHEDULERS:
         return [
             f"cluster={cfg.cluster.name} (cluster.scheduler={cfg.cluster.scheduler}): "
@@ -123,7 +119,6 @@ def _scheduler_problems(cfg: RunConfig) -> list[str]:
 def _scheduler_warnings(checked: Checked) -> list[str]:
     """Given a checkpoint's save time: measured by the run this one resumes, else estimated."""
     from launcher.estimator.disk import measured_save_time, save_time_estimate
-    from launcher.schedulers.base import get_scheduler
 
     cfg, est, resume = checked.cfg, checked.estimate, checked.resume_from
     if est is None:

@@ -1,8 +1,5 @@
 """The seam for batch schedulers: what `ftl submit`, `ftl status` and `ftl cancel` need
-(docs/design.md, "The scheduler seam"). A scheduler is one module (or package) with one
-class implementing `Scheduler`, registered by name in SCHEDULERS and imported lazily (`ftl
-plan` loads none); `cluster.scheduler` picks it, and its own settings live in its own
-config section, read only by it. Job ids are its own opaque strings.
+(docs/design.md, "The scheduler seam"), imported lazily (`ftl plan` loads none).
 
 A running job is stopped through its run dir, not the scheduler (`ftl cancel`): the job
 script must end without resubmitting itself when RUN_DIR/cancel.requested exists, and
@@ -78,5 +75,4 @@ class Scheduler(Protocol):
 
 
 def get_scheduler(name: str) -> Scheduler:
-    scheduler: Scheduler = pkgutil.resolve_name(SCHEDULERS[name])()
-    return scheduler
+    return pkgutil.resolve_name(SCHEDULERS[name])()

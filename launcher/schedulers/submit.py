@@ -1,8 +1,7 @@
-"""The batch verbs, for any scheduler (launcher/schedulers/base.py): `ftl submit [--dry-run]
-[-m]`, `ftl status RUN_DIR|JOBID`, `ftl cancel RUN_DIR|JOBID` (docs/design.md, "The
-scheduler seam"). submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`,
-expanded by Hydra's own parser and BasicSweeper) submits nothing unless every combination
-is valid; --dry-run prints the job script even where this machine could not hold the run.
+"""`ftl submit`, `ftl status` and `ftl cancel`, for any scheduler (launcher/schedulers/base.py).
+submit validates every job first, so a sweep (`-m train.lr=1e-5,2e-5`, expanded by Hydra's
+own parser and BasicSweeper) submits nothing unless every combination is valid; --dry-run
+prints the job script even where this machine could not hold the run.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
 
 import launcher.schedulers.base
 from launcher.config.compose import override_key
@@ -73,23 +74,18 @@ def check_jobs(jobs: list[list[str]], dry_run: bool = False) -> list[Checked]:
     return checked
 
 
-def _data_notice(checked: Checked) -> None:
-    """The job's rank 0 tokenizes when nobody has; say so, and how to do it here instead."""
-    from launcher.data.preprocess import read_prepared
-
-    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
-        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
-              "job will do it while the other ranks wait; `ftl preprocess` with the same "
-              "overrides does it here first.", file=sys.stderr)
-
-
 def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
+    from launcher.data.preprocess import read_prepared
     from launcher.run.launch import build_run, write_run
 
-    _data_notice(checked)
+    # the job's rank 0 tokenizes when nobody has: say so, and how to do it here instead
+    if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
+        print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
+              "job will do it while the other ranks wait; `ftl preprocess` with the same "
+              "overrides does it here first.", file=sys.stderr)
     scheduler = get_scheduler(checked.cfg.cluster.scheduler)
     name = job_script_name(scheduler.name)
     if dry_run:
@@ -129,8 +125,6 @@ def scheduler_of(run_dir: Path | None) -> Scheduler:
     """The scheduler a run dir's config names; the default one for a bare job id."""
     name = launcher.schedulers.base.DEFAULT_SCHEDULER
     if run_dir is not None and RunDir(run_dir).config.is_file():
-        from omegaconf import OmegaConf
-
         name = str(OmegaConf.load(RunDir(run_dir).config).cluster.get("scheduler", name))
     if name not in SCHEDULERS:
         raise ConfigError(f"{run_dir}: cluster.scheduler={name} is not a batch scheduler; "
@@ -183,7 +177,7 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
     from launcher.rank.checkpoints import latest_complete_checkpoint
 
     lines = [f"run dir: {run_dir.path}"]
-    result = run_dir.read_result()
+    result, stopped = run_dir.read_result(), run_dir.read_preempted()
     if result is not None and run_dir.is_finished():
         lines.append(
             f"run: finished at step {result.global_step} (final train loss "
@@ -192,10 +186,14 @@ def run_dir_lines(run_dir: RunDir) -> list[str]:
         )
     elif hung := hang_lines(run_dir, _world_size(run_dir)):  # even after a stop request
         lines += [f"run: {hung[0]}", *hung[1:]]
+    elif run_dir.cancel_requested.exists() and stopped is not None:
+        lines.append(f"run: stopped by `ftl cancel` at step {stopped.step}, not requeued; the "
+                     "same `ftl submit` command resumes from the latest complete checkpoint "
+                     "(run.resume=auto)")
     elif run_dir.cancel_requested.exists():
-        lines.append(_cancelled_line(run_dir))
+        lines.append("run: stopping (`ftl cancel`): the ranks save a checkpoint at the next "
+                     f"step boundary; {_progress(run_dir)}")
     elif run_dir.preempted.exists():
-        stopped = run_dir.read_preempted()
         step = stopped.step if stopped else None
         lines.append(f"run: stopped for preemption at step {step}; requeued")
     else:
@@ -214,42 +212,29 @@ def _world_size(run_dir: RunDir) -> int | None:
         return None
 
 
-def _cancelled_line(run_dir: RunDir) -> str:
-    stopped = run_dir.read_preempted()
-    if stopped is None:
-        return (f"run: stopping (`ftl cancel`): the ranks save a checkpoint at the next step "
-                f"boundary; {_progress(run_dir)}")
-    return (f"run: stopped by `ftl cancel` at step {stopped.step}, not requeued; the "
-            "same `ftl submit` command resumes from the latest complete checkpoint "
-            "(run.resume=auto)")
-
-
 def _progress(run_dir: RunDir) -> str:
     events = run_dir.read_metrics()
     if not events:
         return "not started yet (or no step logged)"
-    return f"running, step {events[-1].step}" + _max_steps_suffix(run_dir)
-
-
-def _max_steps_suffix(run_dir: RunDir) -> str:
-    from omegaconf import OmegaConf
-
     try:
         max_steps = int(OmegaConf.load(run_dir.config).train.max_steps)
     except Exception:  # noqa: BLE001 - a missing/odd config only loses the "of N"
-        return ""
-    return f" of {max_steps}" if max_steps > 0 else ""
+        max_steps = 0
+    return f"running, step {events[-1].step}" + (f" of {max_steps}" if max_steps > 0 else "")
 
 
 def cancel(target: str) -> int:
-    """A running job: stop for good after a checkpoint (request_stop). Otherwise (pending,
+    """A running job: stop for good after a checkpoint. Otherwise (pending,
     or its run dir unknown): the scheduler's own cancel."""
     job_id, run_dir, info = resolve_target(target)
     if job_id is None:
         raise ConfigError(f"{target}: no job recorded for this run dir (a dry run?).")
     scheduler = scheduler_of(run_dir)
     if info is not None and info.running and run_dir is not None:
-        request_stop(RunDir(run_dir))
+        # cancel.requested first: a job script that starts meanwhile clears
+        # preempt.requested but then sees cancel.requested (launcher/schedulers/base.py)
+        write_file_atomic(RunDir(run_dir).cancel_requested, f"{time.time()}\n")
+        RunDir(run_dir).preempt_requested.touch()
         print(
             f"ftl cancel: job {job_id} is running: its ranks save a checkpoint at the next "
             "step boundary and stop; the job then ends with exit status "
@@ -266,10 +251,3 @@ def cancel(target: str) -> int:
     state = f" ({info.state})" if info is not None else ""
     print(f"ftl cancel: cancelled job {job_id}{state}{where}", flush=True)
     return 0
-
-
-def request_stop(run_dir: RunDir) -> None:
-    """cancel.requested first, then preempt.requested: a job script that starts meanwhile
-    clears preempt.requested but then sees cancel.requested (launcher/schedulers/base.py)."""
-    write_file_atomic(run_dir.cancel_requested, f"{time.time()}\n")
-    run_dir.preempt_requested.touch()

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 from launcher.rundir import RunDir
-from launcher.schedulers.slurm.client import scancel, show_job
+from launcher.schedulers.slurm import scancel, show_job
 from launcher.schedulers.submit import (
     cancel,
     check_jobs,

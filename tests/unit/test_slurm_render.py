@@ -26,8 +26,7 @@ from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.run.command import build_launch
 from launcher.rundir import RunDir
-from launcher.schedulers.slurm.client import parse_scontrol
-from launcher.schedulers.slurm.rules import slurm_problems, time_seconds
+from launcher.schedulers.slurm import parse_scontrol, slurm_problems, time_seconds
 from launcher.schedulers.slurm.script import render_sbatch, sbatch_quote
 from launcher.schedulers.submit import expand_sweep, submit, with_default_cluster
 

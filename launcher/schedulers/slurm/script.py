@@ -7,7 +7,7 @@ the ranks; bash runs a trap only when its foreground child exits, hence `& wait`
 Quoting: shell values go through shlex.quote. #SBATCH lines are parsed by sbatch itself,
 not by a shell: it honours double quotes and backslash escapes (not single quotes) and
 treats an unquoted `#` as a comment, so those values get `sbatch_quote`. Control characters
-are refused everywhere (rules.py: a newline would start a new script line). Secrets reach
+are refused everywhere (__init__.py: a newline would start a new script line). Secrets reach
 the job through the environment (sbatch's default --export=ALL), never the script.
 """
 
@@ -43,16 +43,11 @@ from launcher.rundir import (
 )
 
 RUN_DIR_VAR = "FTL_RUN_DIR"
-TORCHRUN_SIGNALS = "SIGHUP,SIGQUIT"
-"""The signals torchrun's agent may handle in a job (PET_SIGNALS_TO_HANDLE): not TERM and
-INT, which would make it kill the ranks 30 s later; the ranks handle those themselves."""
-
-_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_./:%@+=,-]+$")
 
 
 def sbatch_quote(value: str) -> str:
     """One value for an #SBATCH line: sbatch strips double quotes and backslash escapes."""
-    if _SBATCH_SAFE.match(value):
+    if re.match(r"^[A-Za-z0-9_./:%@+=,-]+$", value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -205,7 +200,7 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
     command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
     exports = [f'{NODE_RANK_VAR}="$SLURM_NODEID"']
     if cfg.cluster.launcher == "torchrun":
-        exports.append(f"PET_SIGNALS_TO_HANDLE={TORCHRUN_SIGNALS}")
+        exports.append("PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT")
     lines = [
         "",
         f"export {' '.join(exports)}",
@@ -248,10 +243,9 @@ def _run_dir_var(arg: str, run_dir: str) -> str:
 
 
 def _finish_lines(cfg: RunConfig) -> list[str]:
-    """Finished -> 0; the hang watchdog ended the ranks (launcher/rank/watchdog.py) ->
-    HUNG_EXIT, never requeued, even after a stop request (why: docs/design.md, "The scheduler
-    seam"); `ftl cancel`ed -> STOPPED_EXIT once the step rank 0 recorded in `preempted` has a
-    complete checkpoint, never requeued; stopped on a signal -> requeue; else a failure."""
+    """Finished -> 0; hung -> HUNG_EXIT, even after a stop request, and `ftl cancel`ed ->
+    STOPPED_EXIT, neither requeued (why: docs/design.md, "The scheduler seam"); stopped on a
+    signal -> requeue; else a failure."""
     max_restarts = cfg.cluster.slurm.max_restarts
     return [
         f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
