@@ -4,6 +4,7 @@ launcher/timing.py)."""
 from __future__ import annotations
 
 import importlib
+import logging
 
 from launcher import timing
 from launcher.config.schema import RunConfig
@@ -15,6 +16,10 @@ def import_stack(cfg: RunConfig) -> None:
     instead of inflating whichever step needs them first. transformers.trainer also imports
     every optional library that is installed (datasets, peft, and through peft bitsandbytes:
     docs/stack-notes.md, "Import costs"); the ranks leave that to the libraries."""
+    if cfg.peft.name != "qlora":
+        # bitsandbytes' import warns on CPUs with AVX512-BF16 that its faster 4-bit kernel
+        # needs `pip install kernels`: a hint for QLoRA, noise in every other run's log.
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     import transformers.trainer  # noqa: F401
 
     for library in engine_of(cfg.strategy).libraries:
