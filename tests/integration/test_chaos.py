@@ -10,7 +10,9 @@ complete checkpoint, and the final model's logits must equal an uninterrupted ru
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ def test_kill_9s_then_the_run_finishes_with_the_uninterrupted_runs_model(
         ["bash", str(PROJECT_ROOT / "scripts" / "chaos.sh"), str(rounds), "--work",
          str(tmp_path), "--atol", "1e-5", f"train.max_steps={max_steps}"],
         capture_output=True, text=True, timeout=3000,
+        env={**os.environ, "PYTHON": sys.executable},  # this suite's interpreter
     )
     text = done.stdout
     assert "{" in text, done.stdout[-3000:] + done.stderr[-3000:]
