@@ -192,6 +192,24 @@ def error_stats(x: torch.Tensor, qt: QuantizedTensor) -> dict[str, float]:
     }
 
 
+def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
+    """Every embedding matrix, to recognise a Linear tied to one."""
+    found = [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
+    get_input = getattr(model, "get_input_embeddings", None)
+    embedding = get_input() if callable(get_input) else None
+    if embedding is not None and getattr(embedding, "weight", None) is not None:
+        found.append(embedding.weight)
+    return found
+
+
+def _is_tied(weight: torch.Tensor, embeddings: list[torch.Tensor]) -> bool:
+    """The same Parameter (HF ties that way), or the same memory (a tie made by hand)."""
+    return any(
+        weight is e or (weight.data_ptr() != 0 and weight.data_ptr() == e.data_ptr())
+        for e in embeddings
+    )
+
+
 def quantizable_layers(model: nn.Module) -> list[str]:
     """Parameter names "<module>.weight" of every nn.Linear not tied to (sharing the memory
     of) an embedding.
@@ -200,9 +218,9 @@ def quantizable_layers(model: nn.Module) -> list[str]:
     whose rows are read one at a time gains little and loses the rare tokens' precision), so
     quantizing the head would either break the tie or quantize the embedding behind our back.
     """
-    tied = {m.weight.data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings = _embedding_weights(model)
     return [f"{name}.weight" for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and module.weight.data_ptr() not in tied]
+            if isinstance(module, nn.Linear) and not _is_tied(module.weight, embeddings)]
 
 
 def quantize_model(
