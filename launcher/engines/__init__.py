@@ -20,9 +20,6 @@ ENGINES: dict[str, str] = {
     "deepspeed": "launcher.engines.deepspeed:DeepSpeedEngine",
     "fsdp": "launcher.engines.fsdp:FsdpEngine",
 }
-ENGINE_LIBRARIES: tuple[str, ...] = ("deepspeed",)
-"""Libraries only some engines import (Engine.libraries): a rank of another engine never
-loads them (launcher/timing.py)."""
 AUTO = "auto"
 """strategy=auto: not an engine; it resolves to a strategy of the table
 (launcher/estimator/auto.py)."""
