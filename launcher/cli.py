@@ -204,12 +204,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor(args.overrides, as_json=args.json)
 
 
-@verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID", TARGET)
 @verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID", TARGET)
-def cmd_job(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import cancel, status
+def cmd_status(args: argparse.Namespace) -> int:
+    from launcher.schedulers.submit import status
 
-    return (status if args.verb == "status" else cancel)(args.target)
+    return status(args.target)
+
+
+@verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID", TARGET)
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from launcher.schedulers.submit import cancel
+
+    return cancel(args.target)
 
 
 @verb("keys", "every config key with type, default, allowed values and doc: ftl keys [PREFIX]",

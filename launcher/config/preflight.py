@@ -21,8 +21,6 @@ from launcher.schedulers.base import DEFAULT_SCHEDULER
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
 
-GIB = 1024**3
-
 
 def local_launch_problems(cfg: RunConfig) -> list[str]:
     """`ftl train` starts the ranks on this machine (deepspeed may reach others by ssh)."""
@@ -112,7 +110,7 @@ def hub_reachable() -> bool:
     return True
 
 
-def resume_checkpoint(cfg: RunConfig) -> tuple[Path | None, list[str]]:
+def resume_from(cfg: RunConfig) -> tuple[Path | None, list[str]]:
     """What a new launch resumes from (run.resume=PATH, or with auto the newest complete
     checkpoint of an earlier unfinished launch of the same run name), and why this run
     cannot load it."""
@@ -124,7 +122,7 @@ def resume_checkpoint(cfg: RunConfig) -> tuple[Path | None, list[str]]:
     if resume == "auto":
         source = latest_in_earlier_runs(Path(cfg.run.output_dir) / cfg.run.name)
     elif Path(resume).is_dir():
-        source = Path(resume).expanduser().resolve()
+        source = Path(resume).resolve()
     else:
         return None, [
             f"run.resume={resume}: no such checkpoint directory. "
@@ -165,10 +163,10 @@ def _layout(tp: int, sp: int, world: int) -> str:
     return f"parallel.tp={tp} parallel.sp={sp} on {world} ranks"
 
 
-def output_problems(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str], list[str]]:
-    """run.output_dir can be created and written; and, apart (a risk the user may take), its
-    filesystem holds the checkpoints the run keeps plus its final model (sizes:
-    launcher/estimator/disk.py)."""
+def output_checks(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str], list[str]]:
+    """(problems, space risks): run.output_dir can be created and written; and, apart (a
+    risk the user may take), its filesystem holds the checkpoints the run keeps plus its
+    final model (sizes: launcher/estimator/disk.py)."""
     key = f"run.output_dir={cfg.run.output_dir}"
     base = Path(cfg.run.output_dir).absolute()
     while not base.exists() and base != base.parent:  # the directory it would be made in
@@ -181,6 +179,7 @@ def output_problems(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str
     if estimate is None:
         return here, []
     from launcher.estimator.disk import disk_need
+    from launcher.estimator.memory import GIB
 
     need = disk_need(cfg, estimate.params, estimate.trainable_params)
     free = shutil.disk_usage(base).free
@@ -206,6 +205,8 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if row.host_bytes <= total:
         return []
+    from launcher.estimator.memory import GIB
+
     return [
         f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / GIB:.1f} "
         f"GiB of host RAM, this machine has {total / GIB:.1f} GiB. Fix: a strategy without "

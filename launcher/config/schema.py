@@ -191,8 +191,8 @@ class ClusterConfig:
     gpus_per_node: int = 1
     """GPUs per node; on gpu=cpu, processes per node."""
     gpu: str = "cpu"
-    """GPU preset (config/hardware.py: memory, peak FLOP/s, fp16/bf16) the plan and estimate
-    use; cpu: processes on CPUs, no GPU."""
+    """GPU preset (launcher/config/hardware.py: memory, peak FLOP/s, fp16/bf16) the plan
+    and estimate use; cpu: processes on CPUs, no GPU."""
     launcher: str = "torchrun"
     """The program that starts the ranks on each node: torchrun or deepspeed."""
     master_port: int = 29500

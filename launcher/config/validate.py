@@ -94,12 +94,12 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
     # this machine's, not the job's: warnings for a dry run; too little space is a risk
     # the user may take (run.force)
-    here, space = preflight.output_problems(cfg, checked.estimate)
+    here, space = preflight.output_checks(cfg, checked.estimate)
     (checked.warnings if dry_run or cfg.run.force else here).extend(space)
     (checked.warnings if dry_run else problems).extend(here)
     # a tracker's package and credential: this environment's, which a batch job inherits
     (checked.warnings if dry_run else problems).extend(tracker_problems(cfg))
-    checked.resume_from, resume_problems = preflight.resume_checkpoint(cfg)
+    checked.resume_from, resume_problems = preflight.resume_from(cfg)
     problems += resume_problems
     if checked.target == "submit" and not problems:  # not for an unregistered scheduler
         checked.warnings += _scheduler_warnings(checked)

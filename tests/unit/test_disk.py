@@ -1,4 +1,4 @@
-"""Disk pre-flight (launcher/estimator/disk.py, preflight.output_problems): checkpoint and
+"""Disk pre-flight (launcher/estimator/disk.py, preflight.output_checks): checkpoint and
 model sizes, how many checkpoints exist at once, and a real small filesystem that cannot
 hold them."""
 
