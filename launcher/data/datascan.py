@@ -99,9 +99,9 @@ class _Checker:
             return None
         # A required column absent from the row is more often a naming mismatch than bad data.
         missing = formats.missing_columns(self.fmt, self.columns, list(value))
-        hint = f", or if the data names it differently set {self._renames(missing)}"
-        return (f"{row.where}: {problem}. Fix: correct or remove {row.name}"
-                f"{hint if missing else ''}.")
+        hint = (f", or if the data names it differently set {self._renames(missing)}"
+                if missing else "")
+        return f"{row.where}: {problem}. Fix: correct or remove {row.name}{hint}."
 
     def _renames(self, missing: Sequence[str]) -> str:
         assert self.columns is not None

@@ -96,10 +96,12 @@ def perplexity(model: Any, batches: list[dict[str, Any]]) -> float:
     a mean per batch, weighted by the batch's trained tokens."""
     import torch
 
+    from launcher.data.encode import IGNORE_INDEX
+
     total, count = 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            tokens = int((batch["labels"][:, 1:] != -100).sum())
+            tokens = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
             total += float(model(**batch).loss) * tokens
             count += tokens
     return math.exp(total / max(count, 1))
@@ -120,12 +122,11 @@ def run_scheme(
     quantized, rows = quantize_model(model, scheme, granularity, clip_percentile)
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    meta = {"scheme": scheme, "granularity": granularity, "clip_percentile": clip_percentile,
-            "source": str(source)}
-    save_quantized(model, tokenizer, quantized, out_dir, meta)
+    settings = {"scheme": scheme, "granularity": granularity, "clip_percentile": clip_percentile}
+    save_quantized(model, tokenizer, quantized, out_dir, {**settings, "source": str(source)})
     loaded = load_quantized(out_dir)
     sizes = [math.prod(r["shape"]) for r in rows]
-    return {"scheme": scheme, "granularity": granularity, "clip_percentile": clip_percentile,
+    return {**settings,
             "mse": sum(r["mse"] * n for r, n in zip(rows, sizes, strict=True)) / sum(sizes),
             "max_abs_error": max(r["max_abs_error"] for r in rows),
             "perplexity": perplexity(loaded, batches), "size_bytes": dir_size_bytes(out_dir),
