@@ -96,8 +96,3 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
     that require grad; DDP buckets only those)."""
     return replace(x, psi=lo.adapters, largest_tensor=lo.largest_adapter, p=lo.adapter_bytes,
                    autocast_acts=0.0)
-
-
-def placed(offload: bool, device: float, host: float) -> Split:
-    """FSDP's states: on the host under CPUOffloadPolicy, else on the device with the rest."""
-    return (device, host) if offload else (device + host, 0.0)

@@ -55,8 +55,11 @@ class Launch:
     """Text of a DeepSpeed hostfile the caller must write at the path given by --hostfile."""
     per_node: bool = False
     """True: start this same command once on every node (not once in total)."""
-    shell_vars: tuple[str, ...] = ()
-    """Variables the argv expects from the per-node shell (`${NAME}` in an element)."""
+
+    @property
+    def shell_vars(self) -> tuple[str, ...]:
+        """Variables the argv expects from the per-node shell (`${NAME}` in an element)."""
+        return SHELL_VARS if self.per_node else ()
 
 
 def build_launch(cfg: RunConfig, run_dir: str) -> Launch:
@@ -88,7 +91,7 @@ def _torchrun(cfg: RunConfig, run_dir: str) -> Launch:
         *_torchrun_logs(posixpath.join(run_dir, LOGS, f"node-{NODE_RANK}")),
         *_program(run_dir),
     ]
-    return Launch(argv=argv, env=launch_env(cfg), per_node=True, shell_vars=SHELL_VARS)
+    return Launch(argv=argv, env=launch_env(cfg), per_node=True)
 
 
 def _torchrun_logs(log_dir: str) -> list[str]:
@@ -101,16 +104,19 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
     Several: one `deepspeed --no_ssh` per node under a scheduler (Slurm starts one task
     per node), else one here that starts every node over pdsh/ssh."""
     cluster = cfg.cluster
-    launch, nodes, head_node = Launch(argv=[], env=launch_env(cfg)), [], None
+    hostfile: str | None = None
+    nodes: list[str] = []
+    # Without --master_addr a multi-node deepspeed asks the first host for `hostname -I` over
+    # ssh.
+    master_addr: list[str] = []
     if cluster.nodes > 1 and cluster.scheduler != NO_SCHEDULER:
         # With --no_ssh deepspeed only counts the hostfile's `host slots=N` lines (node_rank
         # picks one) and never connects to the names, so placeholders are enough.
         hostfile = "".join(f"node{index} slots={cluster.gpus_per_node}\n"
                            for index in range(cluster.nodes))
-        launch = replace(launch, hostfile=hostfile, per_node=True, shell_vars=SHELL_VARS)
         nodes = ["--hostfile", posixpath.join(run_dir, HOSTFILE), "--no_ssh",
                  "--node_rank", NODE_RANK]
-        head_node = HEAD_NODE
+        master_addr = ["--master_addr", HEAD_NODE]
     elif cluster.nodes > 1:
         if not cluster.hostfile:
             raise ValueError("deepspeed multi-node without a scheduler needs cluster.hostfile "
@@ -118,13 +124,12 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
         nodes = ["--hostfile", cluster.hostfile]  # the user's own file: referenced, not rewritten
     if nodes:
         nodes += ["--num_nodes", str(cluster.nodes)]
-    # Without --master_addr a multi-node deepspeed asks the first host for `hostname -I` over
-    # ssh. --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
-    master_addr = ["--master_addr", head_node] if head_node else []
+    # --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
     argv = ["deepspeed", *nodes, "--num_gpus", str(cluster.gpus_per_node), *master_addr,
             "--master_port", str(cluster.master_port), "--no_local_rank",
             "--enable_each_rank_log", posixpath.join(run_dir, LOGS), *_program(run_dir)]
-    return replace(launch, argv=argv)
+    return Launch(argv=argv, env=launch_env(cfg), hostfile=hostfile,
+                  per_node=hostfile is not None)
 
 
 def with_module(launch: Launch, module: str) -> Launch:

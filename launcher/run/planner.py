@@ -68,17 +68,17 @@ def run_dir_files(plan: Plan, launch: Launch, overrides: list[str]) -> dict[str,
     }
     if plan.settings is not None and plan.settings_file is not None:
         files[plan.settings_file] = rundir.json_text(plan.settings)
-    # A resuming run's settings for a checkpoint of another world size: whether one is
-    # converted is the rank's call (a requeued job resumes its own checkpoints instead).
-    engine = engine_of(plan.cfg.strategy)
-    if plan.resume_from is not None and plan.settings is not None:
-        universal = engine.universal_settings(plan.settings)
-        if universal is not None and engine.universal_settings_file:
-            files[engine.universal_settings_file] = rundir.json_text(universal)
     if launch.hostfile is not None:
         files[rundir.HOSTFILE] = launch.hostfile
     if plan.resume_from is not None:
         files[rundir.RESUME_FROM] = f"{plan.resume_from}\n"
+        # Its settings for a checkpoint of another world size: whether one is converted is
+        # the rank's call (a requeued job resumes its own checkpoints instead).
+        engine = engine_of(plan.cfg.strategy)
+        universal = (engine.universal_settings(plan.settings)
+                     if plan.settings is not None else None)
+        if universal is not None and engine.universal_settings_file:
+            files[engine.universal_settings_file] = rundir.json_text(universal)
     return files
 
 

@@ -35,13 +35,13 @@ class StopForwarder:
 
     run_dir: RunDir
     child: subprocess.Popen[bytes]
-    stop_signal: str | None = None
+    stopping: bool = False
     aborted: bool = False
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.stop_signal is None:
-            self.stop_signal = name
+        if not self.stopping:
+            self.stopping = True
             self.run_dir.preempt_requested.touch()
             print(f"ftl train: {name}: the ranks save a checkpoint at the next step boundary "
                   "and stop. Ctrl-C again aborts at once.", file=sys.stderr, flush=True)

@@ -18,7 +18,6 @@ from launcher.estimator.peak_terms import (
     Split,
     adam_temporaries,
     larger,
-    placed,
 )
 from launcher.rundir import RunDir
 
@@ -85,6 +84,11 @@ class FsdpEngine(Engine):
         return args
 
 
+def _placed(offload: bool, device: float, host: float) -> Split:
+    """FSDP's states: on the host under CPUOffloadPolicy, else on the device with the rest."""
+    return (device, host) if offload else (device + host, 0.0)
+
+
 def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
     """FSDP2: fp32 shards 4psi/N + Adam 8psi/N; the forward unshards a layer at a time (p
     bytes under a 16-bit MixedPrecisionPolicy: derived), the backward holds one unsharded
@@ -98,19 +102,19 @@ def fsdp_moments(x: PeakInputs, offload: bool) -> dict[str, Split]:
     backward = 3.0 * layer + (kept - 2.0 * layer)
     states = 12.0 * part
     grads = 4.0 * part
-    fwd_bwd = larger(placed(offload, forward, states),
-                     placed(offload, backward, states + grads))
+    fwd_bwd = larger(_placed(offload, forward, states),
+                     _placed(offload, backward, states + grads))
     temps = adam_temporaries(x, x.largest_tensor / x.n, flat=False)
     # FULL_STATE_DICT: rank 0 gathers the full fp32 Adam state (8psi), offloaded to its host
     # tensor by tensor (accelerate's StateDictOptions(cpu_offload=True))
     save = 8.0 * psi if x.gather_on_save else 0.0
-    rank0 = placed(offload, 0.0, states)
+    rank0 = _placed(offload, 0.0, states)
     # the full fp32 model: built on rank 0's host, allocated but never written on the other
     # ranks' (launcher/model.unfilled_model: the allocator counts it, RSS does not), then
     # sharded onto the device
     return {"construction": (4.0 * part, 4.0 * psi), "between_steps": rank0,
             "forward_backward": fwd_bwd,
-            "optimizer_step": placed(offload, 0.0, states + grads + temps),
+            "optimizer_step": _placed(offload, 0.0, states + grads + temps),
             "checkpoint": (rank0[0], rank0[1] + save), "checkpoint_other_ranks": rank0}
 
 
@@ -126,13 +130,13 @@ def lora_fsdp_moments(x: PeakInputs, lo: LoraInputs, offload: bool) -> dict[str,
     states = lo.model(x.psi) / n + 8.0 * part
     grads = lo.adapter_bytes * part
     full_tensor = lo.base_bytes * x.largest_tensor  # one parameter gathered whole
-    d, h = between = placed(offload, 0.0, states)
+    d, h = between = _placed(offload, 0.0, states)
     # the gathered state dict goes to rank 0's host (cpu_offload=True), the merge runs there
     return {"construction": (lo.model(x.psi) / n, lo.model(x.psi)),
             "between_steps": between,
-            "forward_backward": placed(offload, 3.0 * layer + x.acts + x.recompute,
+            "forward_backward": _placed(offload, 3.0 * layer + x.acts + x.recompute,
                                        states + grads),
-            "optimizer_step": placed(offload, 0.0, states + grads + adam_temporaries(
+            "optimizer_step": _placed(offload, 0.0, states + grads + adam_temporaries(
                 x, lo.largest_adapter / n, flat=False)),
             "checkpoint": (d + full_tensor, h + lo.model(x.psi)),
             "checkpoint_other_ranks": (d + 3.0 * full_tensor, h),

@@ -23,6 +23,7 @@ from launcher.doctor import DOCTOR_MODULE
 from launcher.run.command import (
     HEAD_NODE_VAR,
     NODE_RANK_VAR,
+    SHELL_VARS,
     Launch,
     quote_arg,
     render_argv,
@@ -195,9 +196,8 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
     TERM/INT (`scancel -s TERM JOB`) never makes it kill the ranks 30 s into their save;
     this shell turns them into the stop request (docs/stack-notes.md). Left open: under
     cgroup deepspeed's launch.py installs its own TERM/INT handlers, still 30 s for the ranks."""
-    shell_vars = (*launch.shell_vars, HEAD_NODE_VAR, NODE_RANK_VAR, RUN_DIR_VAR)
     argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
-    command = render_argv(argv, tuple(dict.fromkeys(shell_vars)))
+    command = render_argv(argv, (*SHELL_VARS, RUN_DIR_VAR))  # the node task exports all three
     exports = [f'{NODE_RANK_VAR}="$SLURM_NODEID"']
     if cfg.cluster.launcher == "torchrun":
         exports.append("PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT")
