@@ -28,13 +28,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev,qlora]'
 	touch $(STAMP)
 
-# DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/rank/extensions.py):
+# DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/engines/deepspeed/ops.py):
 # the suite's ZeRO runs and optimizer tests load them; a run that needs one and finds it
 # missing builds it there itself (about a minute each on 2 cores).
 OPS := $(VENV)/.ops-built
 ops: $(OPS)
 $(OPS): $(STAMP)
-	$(BIN)/python -m launcher.rank.extensions
+	$(BIN)/python -m launcher.engines.deepspeed.ops
 	touch $(OPS)
 
 train: venv

@@ -324,10 +324,10 @@ def predicted(strategy: str, extra: list[str]) -> dict[str, Any]:
     """launcher/estimator/memory.py's per-rank terms and launcher/estimator/peak.py's
     moments for the same run."""
     sys.path.insert(0, str(ROOT))
+    from launcher.config.architecture import count_params, largest_layer_params
     from launcher.config.compose import compose_config
     from launcher.engines import engine_of
     from launcher.estimator.estimate import strategy_estimate
-    from launcher.estimator.flops import count_params, largest_layer_params
     from launcher.estimator.memory import engine_model_state_parts, param_bytes
 
     cfg = compose_config([*OVERRIDES, *extra, f"strategy={strategy}"])

@@ -47,9 +47,9 @@ MIB = 2**20
 def predicted_state_bytes(strategy: str) -> float:
     """The estimator's per-rank model states at the start of an optimizer step."""
     sys.path.insert(0, str(ROOT))
+    from launcher.config.architecture import count_params, largest_layer_params
     from launcher.config.compose import compose_config
     from launcher.engines import engine_of
-    from launcher.estimator.flops import count_params, largest_layer_params
     from launcher.estimator.memory import engine_model_state_parts, param_bytes
 
     cfg = compose_config([*OVERRIDES, f"strategy={strategy}"])

@@ -189,7 +189,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
           help="run ftl doctor's checks first; train if they pass"),
       OVERRIDES)
 def cmd_submit(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import submit
+    from launcher.run.submit import submit
 
     # --doctor: `ftl doctor`'s checks as the job's first step (the key cluster.doctor).
     overrides = [*args.overrides, "cluster.doctor=true"] if args.doctor else args.overrides
@@ -206,14 +206,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 @verb("status", "state of a batch job and its run: ftl status RUN_DIR|JOBID", TARGET)
 def cmd_status(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import status
+    from launcher.run.submit import status
 
     return status(args.target)
 
 
 @verb("cancel", "cancel a batch job: ftl cancel RUN_DIR|JOBID", TARGET)
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from launcher.schedulers.submit import cancel
+    from launcher.run.submit import cancel
 
     return cancel(args.target)
 
@@ -222,7 +222,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
       JSON, arg("prefix", nargs="?", default="",
                 help="only keys starting with it, e.g. train. or strategy"))
 def cmd_keys(args: argparse.Namespace) -> int:
-    from launcher.config.keys import all_keys, keys_json, render, select
+    from launcher.validation.keys import all_keys, keys_json, render, select
 
     keys = select(all_keys(), args.prefix)
     print(keys_json(keys) if args.json else render(keys), end="")

@@ -36,8 +36,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launcher.rank.checkpoints import checkpoint_step, is_complete, list_checkpoints  # noqa: E402
 from launcher.run.supervise import kill_tree  # noqa: E402
+from launcher.rundir.checkpoints import checkpoint_step, is_complete, list_checkpoints  # noqa: E402
 
 DEFAULTS = [
     "strategy=ddp", "train.max_steps=800", "train.save_steps=5", "train.save_total_limit=2",

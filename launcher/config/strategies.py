@@ -15,7 +15,10 @@ from omegaconf import OmegaConf
 
 from launcher.config.compose import config_dir
 from launcher.config.schema import StrategyConfig
-from launcher.engines import in_auto_ladder, is_auto
+
+AUTO = "auto"
+"""strategy=auto: not a strategy of its own; it resolves to one of the table's
+(launcher/estimator/auto.py)."""
 
 # Fields strategy=auto sets from the chosen strategy's YAML; every other strategy.* value the
 # user gave next to strategy=auto (overlap_comm, bucket_size, ...) is kept.
@@ -37,20 +40,14 @@ def _load(root: Path) -> tuple[tuple[str, StrategyConfig], ...]:
     return tuple((settings.name, settings) for settings in table)
 
 
+def is_auto(strategy: StrategyConfig) -> bool:
+    """strategy=auto, also as `strategy=auto strategy.backend=fsdp` (the name stays auto)."""
+    return strategy.name == AUTO
+
+
 def concrete_strategies() -> dict[str, StrategyConfig]:
     """Every strategy a run can use (not `auto`, which resolves to one of them)."""
     return {n: s for n, s in strategy_table().items() if not is_auto(s)}
-
-
-def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
-    """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
-    those of one sharding engine (deepspeed by default; fsdp when asked with
-    strategy.backend=fsdp)."""
-    ranked = [
-        s for s in concrete_strategies().values()
-        if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
-    ]
-    return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
 
 
 def with_user_settings(entry: StrategyConfig, user: StrategyConfig) -> StrategyConfig:

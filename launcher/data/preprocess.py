@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import cache_home, local_or_as_is
 from launcher.data.encode import BUILTIN_CHAT_TEMPLATE, IGNORE_INDEX
+from launcher.data.tokenizer import load_tokenizer
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -127,8 +128,6 @@ def ensure_prepared(
             f"tokenized data in {directory}); plan the run again (`ftl train`/`ftl submit`)"
         )
     if tokenizer is None:
-        from launcher.rank.model import load_tokenizer
-
         tokenizer = load_tokenizer(cfg)
     from launcher.data.loading import encode_splits
 

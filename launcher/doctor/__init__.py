@@ -1,6 +1,6 @@
 """`ftl doctor [--json] [overrides]`: what breaks multi-node jobs, checked on the run's own
 world before training. The launching side is here: DOCTOR_MODULE runs instead of the worker
-on every rank (the launcher's output: logs/doctor.log); rank.py joins and measures,
+on every rank (the launcher's output: logs/doctor.log); probe.py joins and measures,
 checks.py judges (pure). The flow and the checks: docs/design.md "The ranks"."""
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ import sys
 from launcher.doctor.checks import render
 from launcher.rundir import RunDir
 
-DOCTOR_MODULE = "launcher.doctor.rank"
 LOG = "doctor.log"
 
 
 def doctor(overrides: list[str], as_json: bool = False) -> int:
-    from launcher.run.command import with_module
+    from launcher.launchers.command import DOCTOR_MODULE, with_module
     from launcher.run.launch import check, write_run
     from launcher.run.planner import resolve_tool
 

@@ -13,6 +13,7 @@ import importlib
 from functools import cache
 
 from launcher.config.schema import StrategyConfig
+from launcher.config.strategies import AUTO, is_auto
 from launcher.engines.base import Engine
 
 ENGINES: dict[str, str] = {
@@ -20,16 +21,8 @@ ENGINES: dict[str, str] = {
     "deepspeed": "launcher.engines.deepspeed:DeepSpeedEngine",
     "fsdp": "launcher.engines.fsdp:FsdpEngine",
 }
-AUTO = "auto"
-"""strategy=auto: not an engine; it resolves to a strategy of the table
-(launcher/estimator/auto.py)."""
 AUTO_FAMILY = "deepspeed"
 """The sharding engine strategy=auto climbs unless strategy.backend names another."""
-
-
-def is_auto(strategy: StrategyConfig) -> bool:
-    """strategy=auto, also as `strategy=auto strategy.backend=fsdp` (the name stays auto)."""
-    return strategy.name == AUTO
 
 
 def engine_of(strategy: StrategyConfig) -> Engine:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from launcher.config.schema import RunConfig, StrategyConfig
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
+from launcher.engines.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.base import Engine, zero_stage_unused
-from launcher.estimator.peak_terms import (
+from launcher.engines.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,

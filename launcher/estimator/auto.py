@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import copy
 
-from launcher.config.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.config.schema import RunConfig
-from launcher.config.strategies import auto_ladder, strategy_table, with_user_settings
-from launcher.engines import is_auto
+from launcher.config.strategies import (
+    concrete_strategies,
+    is_auto,
+    strategy_table,
+    with_user_settings,
+)
+from launcher.engines import in_auto_ladder
+from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
 from launcher.estimator.memory import FIT_FRACTION, GIB
+
+
+def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
+    """strategy=auto's candidates, fastest first: the strategies that shard nothing plus
+    those of one sharding engine (deepspeed by default; fsdp when asked with
+    strategy.backend=fsdp)."""
+    ranked = [
+        s for s in concrete_strategies().values()
+        if s.auto_rank >= 0 and in_auto_ladder(s, sharding_backend)
+    ]
+    return tuple(s.name for s in sorted(ranked, key=lambda s: (s.auto_rank, s.name)))
 
 
 def candidates(cfg: RunConfig) -> tuple[str, ...]:

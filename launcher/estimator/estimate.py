@@ -8,18 +8,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 
+from launcher.config.architecture import count_params
 from launcher.config.hardware import gpu_preset
-from launcher.config.parallel_rules import parallel_engine_problems
 from launcher.config.schema import RunConfig, StrategyConfig
-from launcher.config.strategies import concrete_strategies, with_user_settings
-from launcher.engines import is_auto
-from launcher.estimator.flops import (
-    count_params,
-    run_flops,
-    run_seconds,
-    trainable_params,
-    training_tokens,
-)
+from launcher.config.strategies import concrete_strategies, is_auto, with_user_settings
+from launcher.engines.parallel_rules import parallel_engine_problems
+from launcher.estimator.flops import run_flops, run_seconds, trainable_params, training_tokens
 from launcher.estimator.memory import (
     CPU_FRAMEWORK_BUFFER_BYTES,
     FIT_FRACTION,

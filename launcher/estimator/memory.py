@@ -7,18 +7,17 @@ framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure ari
 
 from __future__ import annotations
 
+from launcher.config.architecture import (
+    count_params,
+    largest_layer_params,
+    layer_linear_params,
+    rank_params,
+)
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
-from launcher.estimator.flops import (
-    adapter_params,
-    count_params,
-    largest_layer_params,
-    layer_linear_params,
-    lora_targets,
-    rank_params,
-)
+from launcher.estimator.flops import adapter_params, lora_targets
 
 GIB = 1024**3
 

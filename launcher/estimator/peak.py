@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from launcher.config.architecture import (
+    count_params,
+    layer_linear_params,
+    linear_shapes,
+    rank_params,
+)
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import STAGE3_MAX_LIVE_PARAMETERS, bucket_elements
-from launcher.estimator.flops import (
-    adapter_params,
-    count_params,
-    layer_linear_params,
-    linear_shapes,
-    lora_targets,
-    rank_params,
-)
+from launcher.engines.peak_terms import LoraInputs, PeakInputs, larger
+from launcher.estimator.flops import adapter_params, lora_targets
 from launcher.estimator.memory import (
     activation_bytes,
     lora_activation_bytes,
@@ -28,7 +28,6 @@ from launcher.estimator.memory import (
     rank_sequence,
     recompute_bytes,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, larger
 
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
 MOMENTS = ("construction", "first_step", *TRAINING_MOMENTS, "checkpoint",

@@ -41,8 +41,8 @@ def check_request(req: Request) -> RunConfig:
     the overrides pass the validation stage as `ftl preprocess`'s (the config rules, the
     data's sources and rows), since the verb reads the same data."""
     from launcher.config.compose import compose_config
-    from launcher.config.validate import validate
     from launcher.inference.chat import check_causal_lm_dir
+    from launcher.validation.validate import validate
 
     problems, cfg = [], None
     try:

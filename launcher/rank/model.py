@@ -1,4 +1,4 @@
-"""Tokenizer and model for one rank: from weights on disk or the hub, or built from the
+"""The model for one rank: from weights on disk or the hub, or built from the
 architecture numbers; 4-bit NF4 for QLoRA; LoRA adapters. Validation has already checked
 that the sources exist and that the combination is supported."""
 
@@ -12,15 +12,6 @@ import torch
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.engines import engine_of
-
-
-def load_tokenizer(cfg: RunConfig) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # causal LMs often ship without one
-    return tokenizer
 
 
 def build_model(cfg: RunConfig, tokenizer: Any) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from launcher.config.report_to import requested
 from launcher.config.schema import RunConfig
-from launcher.config.trackers import requested
 from launcher.engines import engine_of
 from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
@@ -65,7 +65,7 @@ def training_arguments(
         bf16=cfg.precision.name == "bf16",
         fp16=cfg.precision.name == "fp16",
         # Only rank 0 logs (the integrations log nowhere else): the others skip importing
-        # them (mlflow: ~2 s of CPU on the ranks' shared cores). launcher/rank/trackers.py
+        # them (mlflow: ~2 s of CPU on the ranks' shared cores). launcher/rank/tracker_runs.py
         report_to=requested(cfg) if int(os.environ.get("RANK", "0")) == 0 else [],
         run_name=cfg.run.name,  # the tracker run's name
         include_num_input_tokens_seen="all",

@@ -21,16 +21,18 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.data.encode import adopt_chat_template
 from launcher.data.preprocess import rank_datasets
+from launcher.data.tokenizer import load_tokenizer
 from launcher.engines import engine_of
 from launcher.engines.base import Engine
 from launcher.rank import imports, memtrace
-from launcher.rank.checkpoints import checkpoint_step, resume_checkpoint, save_final_model
-from launcher.rank.model import apply_peft, build_model, load_tokenizer
+from launcher.rank.checkpoints import save_final_model
+from launcher.rank.model import apply_peft, build_model
 from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
+from launcher.rundir.checkpoints import checkpoint_step, resume_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +105,7 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
     start_step = (checkpoint_step(resume) or 0) if resume is not None else 0
     from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
-    from launcher.rank.trackers import attach, close_runs
+    from launcher.rank.tracker_runs import attach, close_runs
 
     attach(trainer, cfg, run_dir, plan, resume)  # rank 0: wandb/mlflow runs, continued
     stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop

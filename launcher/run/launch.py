@@ -11,20 +11,22 @@ from pathlib import Path
 
 from launcher import timing
 from launcher.config.compose import compose_config
-from launcher.config.validate import Checked, Target, validate
-from launcher.rank.checkpoints import latest_complete_checkpoint
-from launcher.run.command import Launch, build_launch
+from launcher.launchers.command import Launch, build_launch
 from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
-from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT, supervise
+from launcher.run.supervise import supervise
 from launcher.rundir import (
+    ABORTED_EXIT,
     HUNG_EXIT,
     LAUNCH_SCRIPT,
+    STOPPED_EXIT,
     RunDir,
     job_script_name,
     new_run_dir_path,
     write_run_dir,
 )
+from launcher.rundir.checkpoints import latest_complete_checkpoint
+from launcher.validation.validate import Checked, Target, validate
 
 
 @dataclass(frozen=True)

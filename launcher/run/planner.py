@@ -13,12 +13,12 @@ from omegaconf import OmegaConf
 
 from launcher import rundir
 from launcher.config.schema import RunConfig
-from launcher.config.validate import Checked
 from launcher.engines import engine_of
 from launcher.estimator.flops import flops_per_token, peak_flops_per_device
 from launcher.estimator.memory import GIB
-from launcher.run.command import Launch, render_argv, render_command
+from launcher.launchers.command import Launch, render_argv, render_command
 from launcher.rundir.records import PlanRecord
+from launcher.validation.validate import Checked
 
 
 @dataclass

@@ -22,10 +22,6 @@ import psutil
 
 from launcher.rundir import RunDir
 
-STOPPED_EXIT = 75
-"""Stopped after a complete checkpoint: the same command resumes (EX_TEMPFAIL, "try again")."""
-ABORTED_EXIT = 130
-"""Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

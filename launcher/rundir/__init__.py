@@ -54,10 +54,15 @@ EXAMPLES = "examples.json"
 DOCTOR = "doctor.json"
 LOGS = "logs"
 PROBES = "probes"
+# Exit statuses: a contract between the ranks, the launcher, the job script and the user.
+STOPPED_EXIT = 75
+"""Stopped after a complete checkpoint: the same command resumes (EX_TEMPFAIL, "try again")."""
 HUNG_EXIT = 76
 """A rank's exit status when its hang watchdog ended it, and `ftl train`'s (and a Slurm
 job's) when the run ended that way: resumable from the last complete checkpoint, like
-75 (stopped). Here because it is a contract between the ranks and the launcher."""
+STOPPED_EXIT."""
+ABORTED_EXIT = 130
+"""Aborted by a second Ctrl-C / SIGTERM (128 + SIGINT, as a shell reports an interrupt)."""
 HANG = "hang"
 STARTUP = "startup"
 TRACKERS = "trackers.json"

@@ -164,7 +164,7 @@ class HangRecord(Record):
 class TrackerRuns(Record):
     """trackers.json (rank 0, when it opens the tracker runs of a launch): the run's id in
     each tracker of train.report_to, so a launch that resumes its checkpoint continues the
-    same tracker run (launcher/rank/trackers.py). Ids only: never a credential or URI."""
+    same tracker run (launcher/rank/tracker_runs.py). Ids only: never a credential or URI."""
 
     wandb: str | None = None
     mlflow: str | None = None

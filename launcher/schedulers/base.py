@@ -15,7 +15,7 @@ from typing import Protocol
 
 from launcher.config.schema import RunConfig
 from launcher.estimator.disk import SaveTime
-from launcher.run.command import Launch
+from launcher.launchers.command import Launch
 
 SCHEDULERS: dict[str, str] = {
     "slurm": "launcher.schedulers.slurm:SlurmScheduler",

@@ -26,9 +26,9 @@ from launcher.config.compose import (
     to_run_config,
 )
 from launcher.config.schema import RunConfig
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.run.planner import make_plan
+from launcher.validation.validate import validate
 
 CONFIGS = config_dir()
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.ddp import DdpEngine
-from launcher.estimator.peak_terms import PeakInputs, Split
+from launcher.engines.peak_terms import PeakInputs, Split
 from launcher.rundir import PROBES, RunDir
 
 EXTRA_BYTES = 12345.0

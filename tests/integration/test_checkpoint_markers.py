@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.rank.checkpoints import (
+from launcher.rundir import COMPLETE_MARKER, write_complete_marker
+from launcher.rundir.checkpoints import (
     checkpoint_world_size,
     latest_complete_checkpoint,
     list_checkpoints,
 )
-from launcher.rundir import COMPLETE_MARKER, write_complete_marker
 
 
 def make_checkpoint(root: Path, step: int, complete: bool) -> Path:

@@ -17,7 +17,7 @@ import pytest
 from runs import FAST_TRAIN, free_port
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.rank.checkpoints import is_complete, list_checkpoints
+from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 

@@ -88,7 +88,7 @@ def start_rank(rank: int, run_dir: Path, port: int) -> subprocess.Popen[str]:
     env = project_env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
-    return subprocess.Popen([sys.executable, "-m", "launcher.doctor.rank", str(run_dir)],
+    return subprocess.Popen([sys.executable, "-m", "launcher.doctor.probe", str(run_dir)],
                             cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

@@ -12,10 +12,10 @@ from fake_engine import EXTRA_BYTES, SETTINGS_FILE
 from runs import describe_failure, train
 
 from launcher.config.compose import compose_config
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.estimator.estimate import estimate
 from launcher.run.planner import make_plan
+from launcher.validation.validate import validate
 
 FAKE_STRATEGY = """\
 name: fake_ddp

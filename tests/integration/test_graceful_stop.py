@@ -49,9 +49,8 @@ from runs import (
 from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.rank.checkpoints import is_complete, list_checkpoints
-from launcher.run.supervise import ABORTED_EXIT, STOPPED_EXIT
-from launcher.rundir import COMPLETE_MARKER
+from launcher.rundir import ABORTED_EXIT, COMPLETE_MARKER, STOPPED_EXIT
+from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 

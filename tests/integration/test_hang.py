@@ -19,11 +19,11 @@ from runs import FAST_TRAIN, RUN_TIMES, free_port, project_env
 from test_ftl_train import only_run_dir
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.rank.checkpoints import is_complete
 from launcher.rank.watchdog import PEER_GRACE_S
 from launcher.run.report import report
+from launcher.run.submit import run_dir_lines
 from launcher.rundir import HUNG_EXIT, RunDir
-from launcher.schedulers.submit import run_dir_lines
+from launcher.rundir.checkpoints import is_complete
 
 pytestmark = pytest.mark.slow
 

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 from runs import Run, callbacks, describe_failure
 
+from launcher.config.architecture import count_params
 from launcher.config.compose import compose_config
-from launcher.estimator.flops import count_params
 from launcher.estimator.memory import activation_bytes
 from launcher.estimator.peak import other_ranks_peak
 from launcher.run.report import memory_table

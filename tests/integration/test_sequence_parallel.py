@@ -28,8 +28,8 @@ from test_train_strategies import (
 )
 
 from launcher.config.compose import compose_config
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
+from launcher.validation.validate import validate
 
 pytestmark = pytest.mark.slow
 

@@ -38,15 +38,15 @@ from typing import Any
 
 import pytest
 
-from launcher.rundir import RunDir
-from launcher.schedulers.slurm import scancel, show_job
-from launcher.schedulers.submit import (
+from launcher.run.submit import (
     cancel,
     check_jobs,
     status,
     submit_checked,
     with_default_cluster,
 )
+from launcher.rundir import RunDir
+from launcher.schedulers.slurm import scancel, show_job
 
 pytestmark = pytest.mark.slow
 

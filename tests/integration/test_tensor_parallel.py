@@ -17,8 +17,8 @@ from runs import Run, assert_resumed_like, stop_then_resume
 from test_train_strategies import assert_saved_model_reproduces_logits
 
 from launcher.config.compose import compose_config
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
+from launcher.validation.validate import validate
 
 pytestmark = pytest.mark.slow
 

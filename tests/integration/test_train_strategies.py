@@ -23,7 +23,7 @@ import torch
 from runs import EVIDENCE, Run, callbacks, describe_failure
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.rank.checkpoints import is_complete, list_checkpoints
+from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 

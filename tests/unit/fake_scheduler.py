@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.config.schema import RunConfig
 from launcher.estimator.disk import SaveTime
-from launcher.run.command import Launch, render_argv
+from launcher.launchers.command import Launch, render_argv
 from launcher.schedulers.base import JobInfo
 
 SUBMITTED: dict[str, Path] = {}

@@ -6,10 +6,10 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.config.schema import RunConfig
-from launcher.config.strategies import CHOSEN_FIELDS, auto_ladder, strategy_table
-from launcher.config.validate import validate
+from launcher.config.strategies import CHOSEN_FIELDS, strategy_table
 from launcher.errors import ConfigError
 from launcher.estimator.auto import (
+    auto_ladder,
     candidates,
     choose,
     chosen_strategy,
@@ -18,6 +18,7 @@ from launcher.estimator.auto import (
     resolve,
 )
 from launcher.estimator.estimate import estimate
+from launcher.validation.validate import validate
 
 OFFLOAD = {"zero2_offload", "zero3_offload", "fsdp_offload"}
 DEEPSPEED_LADDER = auto_ladder("deepspeed")

@@ -1,4 +1,4 @@
-"""launcher/run/command.py: exact argv per launcher form, env, hostfile text, shell quoting."""
+"""launcher/launchers/command.py: exact argv per launcher form, env, hostfile, quoting."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from launcher.config.compose import compose_config
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.run.command import Launch, build_launch, render_command, rendezvous_id
+from launcher.launchers.command import Launch, build_launch, render_command, rendezvous_id
+from launcher.validation.validate import validate
 
 RUN_DIR = "/runs/ftl/20260101-120000"
 GPU8 = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]
@@ -145,7 +145,7 @@ def test_rendezvous_id_is_stable_and_shell_safe() -> None:
 
 def test_command_module_imports_no_heavy_library() -> None:
     code = (
-        "import sys, launcher.run.command; "
+        "import sys, launcher.launchers.command; "
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -160,11 +160,11 @@ def test_torchrun_rendezvous_waits_the_start_up_bound_rounded_up() -> None:
 
 
 def test_with_module_swaps_only_the_program() -> None:
-    from launcher.run.command import with_module
+    from launcher.launchers.command import with_module
 
     launch = launch_for("cluster=slurm", "cluster.nodes=2", *GPU8)
-    doctor = with_module(launch, "launcher.doctor.rank")
+    doctor = with_module(launch, "launcher.doctor.probe")
     assert doctor.argv[:-3] == launch.argv[:-3]
-    assert doctor.argv[-3:] == ["--module", "launcher.doctor.rank", RUN_DIR]
+    assert doctor.argv[-3:] == ["--module", "launcher.doctor.probe", RUN_DIR]
     assert (doctor.env, doctor.per_node, doctor.shell_vars) == (
         launch.env, launch.per_node, launch.shell_vars)

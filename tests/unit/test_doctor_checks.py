@@ -179,5 +179,5 @@ def test_ftl_submit_doctor_puts_the_doctor_step_in_the_job(
     assert main(["submit", "--dry-run", "--doctor", "cluster.gpu=cpu", "cluster.nodes=2",
                  "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"]) == 0
     script = capsys.readouterr().out
-    assert "--module launcher.doctor.rank" in script
-    assert script.index("launcher.doctor.rank") < script.index("launcher.rank.worker")
+    assert "--module launcher.doctor.probe" in script
+    assert script.index("launcher.doctor.probe") < script.index("launcher.rank.worker")

@@ -19,7 +19,7 @@ from launcher.engines.deepspeed.ds_config import (
     reference_config,
 )
 from launcher.engines.deepspeed.ds_config import main as ds_config_main
-from launcher.rank.extensions import use_own_build_cache
+from launcher.engines.deepspeed.ops import use_own_build_cache
 from launcher.rundir import json_text
 
 DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
@@ -306,8 +306,8 @@ def test_buckets_are_never_tinier_than_a_million_elements_or_an_eighth_of_the_mo
     """HF's h*h rule gives the tiny Llama (h=64) 4096-element buckets: dozens of
     collectives per step. The floor is 2**20 elements, or an eighth of the model if smaller
     (at least 8 buckets, so ZeRO-2 still frees others' gradients during the backward)."""
+    from launcher.config.architecture import count_params
     from launcher.engines.deepspeed.ds_config import MIN_BUCKET_ELEMENTS
-    from launcher.estimator.flops import count_params
 
     tiny = cfg_for("strategy=zero3")
     zero = build_ds_config(tiny)["zero_optimization"]

@@ -10,21 +10,24 @@ import sys
 
 import pytest
 
+from launcher.config.architecture import (
+    count_params,
+    largest_layer_params,
+    layer_linear_params,
+    rank_params,
+)
 from launcher.config.compose import compose_config
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.config.strategies import concrete_strategies
+from launcher.engines.deepspeed.ops import use_own_build_cache
 from launcher.estimator.auto import chosen_strategy
 from launcher.estimator.estimate import estimate
 from launcher.estimator.estimate_table import estimate_json, render_estimate_table
 from launcher.estimator.flops import (
     adapter_params,
-    count_params,
     flops_per_token,
-    largest_layer_params,
-    layer_linear_params,
     peak_flops_per_device,
-    rank_params,
     run_flops,
     run_seconds,
     training_flops,
@@ -37,7 +40,6 @@ from launcher.estimator.memory import (
     layer_activation_elements,
     model_state_bytes,
 )
-from launcher.rank.extensions import use_own_build_cache
 
 TABLE = concrete_strategies()
 

@@ -16,9 +16,10 @@ import torch
 from launcher.config.compose import PROJECT_ROOT, compose_config
 from launcher.data import loading
 from launcher.data.encode import IGNORE_INDEX, adopt_chat_template
+from launcher.data.tokenizer import load_tokenizer
 from launcher.inference import examples
 from launcher.inference.chat import answers, prompt_ids
-from launcher.rank.model import build_model, load_tokenizer
+from launcher.rank.model import build_model
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
 

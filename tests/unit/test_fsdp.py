@@ -10,13 +10,13 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.config.schema import RunConfig
-from launcher.config.validate import validate
 from launcher.engines.fsdp.settings import (
     build_fsdp_settings,
     fsdp_plugin_overrides,
     needs_unpinned_offload,
 )
 from launcher.errors import ConfigError
+from launcher.validation.validate import validate
 
 
 def cfg_for(*overrides: str) -> RunConfig:

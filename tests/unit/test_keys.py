@@ -12,12 +12,12 @@ import pytest
 from launcher.cli import main
 from launcher.config import schema
 from launcher.config.hardware import GPU_PRESETS
-from launcher.config.keys import field_docs
+from launcher.validation.keys import field_docs
 
 
 def reached_fields(cls: type = schema.RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, class name, field name) of every field reached from RunConfig, walked
-    here independently of launcher/config/keys.py."""
+    here independently of launcher/validation/keys.py."""
     found = []
     for f in fields(cls):
         found.append((prefix + f.name, cls.__name__, f.name))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from launcher.config.compose import compose_config
-from launcher.rank.model import build_device, build_model, load_tokenizer
+from launcher.data.tokenizer import load_tokenizer
+from launcher.rank.model import build_device, build_model
 
 
 @pytest.mark.parametrize(("strategy", "device"), [

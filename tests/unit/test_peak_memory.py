@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.architecture import count_params
 from launcher.config.compose import compose_config
 from launcher.config.schema import StrategyConfig
 from launcher.config.strategies import concrete_strategies
 from launcher.engines import engine_of
+from launcher.engines.peak_terms import PeakInputs, Split
 from launcher.estimator.estimate import estimate
 from launcher.estimator.estimate_table import render_estimate_table
-from launcher.estimator.flops import adapter_params, count_params
+from launcher.estimator.flops import adapter_params
 from launcher.estimator.memory import activation_bytes, lora_activation_bytes, model_state_bytes
 from launcher.estimator.peak import (
     PeakPrediction,
@@ -30,7 +32,6 @@ from launcher.estimator.peak import (
     peak_inputs,
     predict_peak,
 )
-from launcher.estimator.peak_terms import PeakInputs, Split
 
 TABLE = concrete_strategies()
 CPU_MODEL = ["model.hidden_size=1024", "model.num_layers=8", "model.intermediate_size=2752",

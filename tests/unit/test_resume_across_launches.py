@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.rank.checkpoints import latest_in_earlier_runs, resume_checkpoint
 from launcher.rundir import RunDir, write_complete_marker
+from launcher.rundir.checkpoints import latest_in_earlier_runs, resume_checkpoint
 
 
 def checkpoint(run: Path, step: int, complete: bool = True) -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
+from launcher.run.submit import cancel, status, submit
 from launcher.schedulers import base as scheduler
-from launcher.schedulers.submit import cancel, status, submit
 
 FAKE = ["cluster=local", "cluster.scheduler=fake", "cluster.gpus_per_node=1"]
 

@@ -22,13 +22,13 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.config.schema import RunConfig
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
-from launcher.run.command import build_launch
+from launcher.launchers.command import build_launch
+from launcher.run.submit import expand_sweep, submit, with_default_cluster
 from launcher.rundir import RunDir
 from launcher.schedulers.slurm import parse_scontrol, slurm_problems, time_seconds
 from launcher.schedulers.slurm.script import render_sbatch, sbatch_quote
-from launcher.schedulers.submit import expand_sweep, submit, with_default_cluster
+from launcher.validation.validate import validate
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 RUN_DIR = "/scratch/outputs/llama-7b-zero3/20260101-000000"
@@ -183,7 +183,7 @@ def test_secrets_never_reach_the_script_or_run_dir(
 def test_dry_run_prints_and_writes_the_script_without_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from launcher.schedulers.submit import submit\n"
+        "from launcher.run.submit import submit\n"
         f"rc = submit({[*CPU_JOB, f'run.output_dir={tmp_path}']!r}, dry_run=True)\n"
         "print('HEAVY', [m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules])\n"
         "raise SystemExit(rc)\n"
@@ -521,7 +521,7 @@ def test_ranks_agree_when_only_one_sees_the_request(tmp_path: Path) -> None:
 def test_status_of_a_dry_run_dir_and_of_nonsense(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from launcher.schedulers.submit import status
+    from launcher.run.submit import status
 
     assert submit([*CPU_JOB, f"run.output_dir={tmp_path}"], dry_run=True) == 0
     (run_dir,) = tmp_path.glob("*/*")
@@ -537,7 +537,7 @@ def test_status_of_a_dry_run_dir_and_of_nonsense(
 def test_doctor_step_comes_first_and_a_failed_check_ends_the_job() -> None:
     cfg = compose_config([*GPU_JOB, "cluster.nodes=2", "cluster.doctor=true"])
     text = render(cfg, RUN_DIR)
-    doctor = text.index("--module launcher.doctor.rank")
+    doctor = text.index("--module launcher.doctor.probe")
     training = text.index("--module launcher.rank.worker")
     verdict = text.index('if ! python -m launcher.doctor "$FTL_RUN_DIR"; then')
     assert doctor < verdict < training

@@ -9,18 +9,14 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose_config, config_dir
-from launcher.config.strategies import (
-    auto_ladder,
-    concrete_strategies,
-    strategy_table,
-)
+from launcher.config.strategies import concrete_strategies, strategy_table
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import (
     build_ds_config,
     deepspeed_strategies,
     reference_files,
 )
-from launcher.estimator.auto import candidates, choose, resolve
+from launcher.estimator.auto import auto_ladder, candidates, choose, resolve
 from launcher.estimator.estimate import estimate
 
 NEW_STRATEGY = """\

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import compose_config
-from launcher.config.validate import validate
 from launcher.errors import ConfigError
 from launcher.rundir import RunDir, TrackerRuns
+from launcher.validation.validate import validate
 
 TRACKER_ENV = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_DIR",
                "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
@@ -99,7 +99,7 @@ def test_a_dry_run_submit_shows_tracker_problems_as_warnings(tmp_path: Path) -> 
 def test_a_resumed_launch_continues_the_tracker_run_of_its_checkpoints_run_dir(
     tmp_path: Path,
 ) -> None:
-    from launcher.rank.trackers import open_runs
+    from launcher.rank.tracker_runs import open_runs
 
     cfg = compose_config(["train.report_to=[tensorboard,wandb]"])
     first = RunDir(tmp_path / "first")

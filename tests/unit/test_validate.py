@@ -12,11 +12,11 @@ import pytest
 
 from launcher.config.compose import compose_config
 from launcher.config.hardware import GPU_PRESETS
-from launcher.config.validate import Target, validate
 from launcher.errors import ConfigError
-from launcher.run.command import build_launch
+from launcher.launchers.command import build_launch
 from launcher.run.planner import make_plan
 from launcher.rundir import write_complete_marker
+from launcher.validation.validate import Target, validate
 
 
 def problems_for(overrides: list[str], target: Target = "plan") -> list[str]:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import PROJECT_ROOT, compose_config
-from launcher.config.rules import config_problems
 from launcher.rank.watchdog import Watchdog, collective_timeout_s
 from launcher.run.hang_report import Frame, hang_lines, parse_threads, where
 from launcher.run.report import straggler_lines
 from launcher.rundir import HUNG_EXIT, MetricsEvent, RunDir
+from launcher.validation.rules import config_problems
 
 
 def watchdog_problems(*overrides: str) -> list[str]:

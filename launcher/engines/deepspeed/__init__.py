@@ -20,7 +20,7 @@ from launcher.engines.deepspeed.moments import (
     zero3_moments,
     zero12_moments,
 )
-from launcher.estimator.peak_terms import LoraInputs, PeakInputs, Split
+from launcher.engines.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
 
 
@@ -85,11 +85,11 @@ class DeepSpeedEngine(Engine):
     # ------------------------------------------------------------ rank side
 
     def prepare_rank(self, cfg: RunConfig) -> None:
-        from launcher.rank import extensions
+        from launcher.engines.deepspeed import ops
 
         # Before DeepSpeed builds or loads an op: this environment's build cache, and a
         # clear error rather than an endless wait on a killed build's lock.
-        extensions.check_build_locks(extensions.use_own_build_cache())
+        ops.check_build_locks(ops.use_own_build_cache())
 
     def release_rank(self) -> None:
         """DeepSpeed's CPU all-reduce (ops/csrc/cpu/comm/shm.cpp) creates one ~66 MB POSIX

@@ -32,10 +32,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from launcher.config.architecture import count_params
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import PrecisionConfig, RunConfig
 from launcher.config.strategies import concrete_strategies
-from launcher.estimator.flops import count_params
 from launcher.rundir import json_text
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
@@ -49,7 +49,7 @@ MIN_BUCKETS = 8
 """A model is reduced in at least this many buckets, so stage 2 still frees the gradients
 other ranks own during the backward (one bucket would hold every gradient until the end)."""
 OPTIMIZERS: tuple[str, ...] = ("auto", "torch")
-"""train.optimizer: see launcher/config/schema.py (checked by launcher/config/rules.py)."""
+"""train.optimizer: see launcher/config/schema.py (checked by launcher/validation/rules.py)."""
 
 # DeepSpeed's own defaults for the stage-3 limits (runtime/zero/config.py), written out.
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000

@@ -1,9 +1,9 @@
-"""DeepSpeed ZeRO stage 1/2/3 peak-memory moments (launcher/estimator/peak_terms.py terms)."""
+"""DeepSpeed ZeRO stage 1/2/3 peak-memory moments (launcher/engines/peak_terms.py terms)."""
 
 from __future__ import annotations
 
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
-from launcher.estimator.peak_terms import (
+from launcher.engines.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,

@@ -17,8 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rank.checkpoints import checkpoint_step, checkpoint_world_size
 from launcher.rundir import UNIVERSAL, RunDir
+from launcher.rundir.checkpoints import checkpoint_step, checkpoint_world_size
 
 
 def needs_universal(checkpoint: Path | None, world_size: int) -> bool:

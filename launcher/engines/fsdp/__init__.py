@@ -1,5 +1,5 @@
 """FSDP2 through accelerate: its settings (settings.py), peak-memory moments (in
-launcher/estimator/peak_terms.py terms) and the CPU workarounds of its ranks
+launcher/engines/peak_terms.py terms) and the CPU workarounds of its ranks
 (docs/stack-notes.md). A sharded checkpoint resumes on another world size through
 torch.distributed.checkpoint, with nothing to convert."""
 
@@ -12,7 +12,7 @@ from launcher import rundir
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.base import Engine, zero_stage_unused
 from launcher.engines.fsdp.settings import build_fsdp_settings, fsdp_plugin_overrides
-from launcher.estimator.peak_terms import (
+from launcher.engines.peak_terms import (
     LoraInputs,
     PeakInputs,
     Split,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import RunConfig
-from launcher.doctor import DOCTOR_MODULE
-from launcher.run.command import (
+from launcher.launchers.command import (
+    DOCTOR_MODULE,
     HEAD_NODE_VAR,
     NODE_RANK_VAR,
     SHELL_VARS,
@@ -29,7 +29,6 @@ from launcher.run.command import (
     render_argv,
     with_module,
 )
-from launcher.run.supervise import STOPPED_EXIT  # `ftl cancel`ed: stopped, resumable
 from launcher.rundir import (
     CANCEL_REQUESTED,
     CHECKPOINTS,
@@ -41,6 +40,7 @@ from launcher.rundir import (
     PREEMPTED,
     RESULT,
     STARTUP,
+    STOPPED_EXIT,  # `ftl cancel`ed: stopped, resumable
 )
 
 RUN_DIR_VAR = "FTL_RUN_DIR"

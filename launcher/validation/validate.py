@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from launcher.config import preflight
-from launcher.config.rules import config_problems, strategy_problems
+from launcher.config.report_to import tracker_problems
 from launcher.config.schema import RunConfig
-from launcher.config.trackers import tracker_problems
-from launcher.engines import is_auto
+from launcher.config.strategies import is_auto
 from launcher.errors import ConfigError
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
+from launcher.validation import preflight
+from launcher.validation.rules import config_problems, strategy_problems
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate

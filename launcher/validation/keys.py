@@ -18,11 +18,12 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from launcher.config import rules, schema
+from launcher.config import schema
 from launcher.config.compose import compose_dict, config_dir
+from launcher.config.report_to import CHOICES as TRACKER_CHOICES
 from launcher.config.strategies import strategy_table
-from launcher.config.trackers import CHOICES as TRACKER_CHOICES
 from launcher.errors import ConfigError
+from launcher.validation import rules
 
 
 @dataclass(frozen=True)

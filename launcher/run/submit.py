@@ -17,13 +17,12 @@ import launcher.schedulers.base
 from launcher.config.compose import override_key
 from launcher.errors import ConfigError
 from launcher.run.hang_report import hang_lines
-from launcher.run.supervise import STOPPED_EXIT
-from launcher.rundir import RunDir, job_script_name, write_file_atomic, write_run_dir
+from launcher.rundir import STOPPED_EXIT, RunDir, job_script_name, write_file_atomic, write_run_dir
 from launcher.schedulers.base import SCHEDULERS, JobInfo, Scheduler, get_scheduler
 
 if TYPE_CHECKING:
-    from launcher.config.validate import Checked
     from launcher.run.launch import Prepared
+    from launcher.validation.validate import Checked
 
 
 def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) -> int:
@@ -174,7 +173,7 @@ def status(target: str) -> int:
 
 def run_dir_lines(run_dir: RunDir) -> list[str]:
     """What the run dir says: finished / preempted / progress, checkpoint, logs."""
-    from launcher.rank.checkpoints import latest_complete_checkpoint
+    from launcher.rundir.checkpoints import latest_complete_checkpoint
 
     lines = [f"run dir: {run_dir.path}"]
     result, stopped = run_dir.read_result(), run_dir.read_preempted()

@@ -1,5 +1,5 @@
 """DeepSpeed's JIT-built ops: one build cache per environment, built by the environment's own
-ninja once (`make ops`: `python -m launcher.rank.extensions`), and never waited on forever:
+ninja once (`make ops`: `python -m launcher.engines.deepspeed.ops`), and never waited on forever:
 a killed build leaves its `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) for
 every later build to wait on, so a rank checks first (`check_build_locks`) and stops with
 the file and the fix. Why, and the rebuilds measured without this: docs/stack-notes.md.

@@ -1,5 +1,5 @@
 """Checks beyond the RunConfig (this machine, its files, earlier launches) for the one
-validation stage (launcher/config/validate.py): each returns problems, never raises."""
+validation stage (launcher/validation/validate.py): each returns problems, never raises."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def resume_from(cfg: RunConfig) -> tuple[Path | None, list[str]]:
     """What a new launch resumes from (run.resume=PATH, or with auto the newest complete
     checkpoint of an earlier unfinished launch of the same run name), and why this run
     cannot load it."""
-    from launcher.rank.checkpoints import is_complete, latest_in_earlier_runs
+    from launcher.rundir.checkpoints import is_complete, latest_in_earlier_runs
 
     resume = cfg.run.resume
     if resume == "never":

@@ -1,4 +1,4 @@
-"""launcher/rank/extensions.py: DeepSpeed's op builds in the environment's own cache, and a
+"""launcher/engines/deepspeed/ops.py: DeepSpeed's op builds in the environment's own cache, and a
 killed build's lock reported instead of waited on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from launcher.rank import extensions
+from launcher.engines.deepspeed import ops
 
 
 def test_build_cache_is_the_environments_own_unless_the_user_set_one(tmp_path) -> None:
@@ -15,12 +15,12 @@ def test_build_cache_is_the_environments_own_unless_the_user_set_one(tmp_path) -
     from pathlib import Path
 
     env: dict[str, str] = {}
-    assert extensions.use_own_build_cache(env) == Path(sys.prefix) / "torch_extensions"
-    assert env[extensions.ENV] == str(Path(sys.prefix) / "torch_extensions")
-    assert extensions.use_own_build_cache({}, prefix="/venv") == Path("/venv/torch_extensions")
-    mine = {extensions.ENV: str(tmp_path)}
-    assert extensions.use_own_build_cache(mine) == tmp_path
-    assert mine[extensions.ENV] == str(tmp_path)
+    assert ops.use_own_build_cache(env) == Path(sys.prefix) / "torch_extensions"
+    assert env[ops.ENV] == str(Path(sys.prefix) / "torch_extensions")
+    assert ops.use_own_build_cache({}, prefix="/venv") == Path("/venv/torch_extensions")
+    mine = {ops.ENV: str(tmp_path)}
+    assert ops.use_own_build_cache(mine) == tmp_path
+    assert mine[ops.ENV] == str(tmp_path)
 
 
 def lock(root, op: str, age_s: float, now: float):
@@ -36,16 +36,16 @@ def test_only_old_locks_of_ops_nobody_builds_are_stale(tmp_path) -> None:
     old = lock(tmp_path, "cpu_adam", 3600, now)
     lock(tmp_path, "fused_adam", 10, now)  # a build that just started
     building = lock(tmp_path, "deepspeed_shm_comm", 3600, now)  # slow, but running here
-    found = extensions.stale_locks(tmp_path, now, building=[building.parent])
+    found = ops.stale_locks(tmp_path, now, building=[building.parent])
     assert found == [old]
 
 
 def test_a_stale_lock_stops_with_the_file_and_the_fix(tmp_path) -> None:
     path = lock(tmp_path, "deepspeed_shm_comm", 3600, __import__("time").time())
-    with pytest.raises(extensions.StaleBuildLock, match=f"rm {path}"):
-        extensions.check_build_locks(tmp_path)
+    with pytest.raises(ops.StaleBuildLock, match=f"rm {path}"):
+        ops.check_build_locks(tmp_path)
     path.unlink()
-    extensions.check_build_locks(tmp_path)  # nothing left: no error
+    ops.check_build_locks(tmp_path)  # nothing left: no error
 
 
 def test_builds_run_the_environments_own_ninja(tmp_path) -> None:
@@ -53,9 +53,9 @@ def test_builds_run_the_environments_own_ninja(tmp_path) -> None:
     op from scratch: the environment's ninja comes first on PATH for every build."""
     (tmp_path / "bin").mkdir()
     env = {"PATH": "/usr/local/bin:/usr/bin"}
-    extensions.use_own_build_cache(env, prefix=str(tmp_path))
+    ops.use_own_build_cache(env, prefix=str(tmp_path))
     assert env["PATH"] == "/usr/local/bin:/usr/bin"  # no ninja of its own: PATH as it was
     (tmp_path / "bin" / "ninja").touch()
-    extensions.use_own_build_cache(env, prefix=str(tmp_path))
-    extensions.use_own_build_cache(env, prefix=str(tmp_path))  # once, however often called
+    ops.use_own_build_cache(env, prefix=str(tmp_path))
+    ops.use_own_build_cache(env, prefix=str(tmp_path))  # once, however often called
     assert env["PATH"] == f"{tmp_path / 'bin'}:/usr/local/bin:/usr/bin"

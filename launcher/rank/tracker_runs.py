@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from launcher import timing
+from launcher.config.report_to import default_mlflow_uri, requested
 from launcher.config.schema import RunConfig
-from launcher.config.trackers import default_mlflow_uri, requested
 from launcher.rundir import PlanRecord, RunDir, TrackerRuns
 
 

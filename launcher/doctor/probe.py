@@ -1,4 +1,4 @@
-"""`python -m launcher.doctor.rank RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/):
+"""`python -m launcher.doctor.probe RUN_DIR`: one rank of `ftl doctor` (launcher/doctor/):
 what it sees (versions, GPUs, the shared directories, free space) and its bandwidth figures.
 
 Exit 0 when the checks ran (their verdict is in doctor.json); a rank that fails writes
@@ -57,7 +57,7 @@ class RankFacts:
 def main() -> int:
     args = sys.argv[1:]
     if len(args) != 1:
-        print("usage: python -m launcher.doctor.rank RUN_DIR", file=sys.stderr)
+        print("usage: python -m launcher.doctor.probe RUN_DIR", file=sys.stderr)
         return 2
     run_dir = RunDir(Path(args[0]).resolve())
     try:
@@ -159,8 +159,9 @@ def sees_token(path: Path, token: str) -> bool:
 
 
 def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: float) -> None:
+    from launcher.config.architecture import count_params
     from launcher.estimator.disk import disk_need
-    from launcher.estimator.flops import count_params, trainable_params
+    from launcher.estimator.flops import trainable_params
 
     facts = [fact for fact, _ in reports]
     measured = [m for _, found in reports for m in found]

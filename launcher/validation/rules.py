@@ -1,5 +1,5 @@
 """Configuration rules: pure functions of a RunConfig, each returning its problems, each
-naming the key as typed, its value and the fix (the one stage: launcher/config/validate.py)."""
+naming the key as typed, its value and the fix (the one stage: launcher/validation/validate.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from operator import attrgetter
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
-from launcher.config.parallel_rules import model_parallel_problems, parallel_engine_problems
+from launcher.config.report_to import name_problems as tracker_names
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
-from launcher.config.trackers import name_problems as tracker_names
 from launcher.data.formats import FIELDS, FORMATS, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
+from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 

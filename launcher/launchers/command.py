@@ -37,6 +37,9 @@ from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.rundir import HOSTFILE, LOGS
 
 WORKER_MODULE = "launcher.rank.worker"
+DOCTOR_MODULE = "launcher.doctor.probe"
+"""What `ftl doctor` (and `ftl submit --doctor` before the job trains) runs on every rank
+instead of the worker."""
 HEAD_NODE_VAR = "FTL_HEAD_NODE"
 NODE_RANK_VAR = "FTL_NODE_RANK"
 HEAD_NODE, NODE_RANK = "${" + HEAD_NODE_VAR + "}", "${" + NODE_RANK_VAR + "}"
@@ -134,7 +137,7 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
 
 def with_module(launch: Launch, module: str) -> Launch:
     """The same launch starting `python -m MODULE RUN_DIR` on every rank instead of the
-    worker (`ftl doctor`'s ranks: launcher/doctor/rank.py)."""
+    worker (`ftl doctor`'s ranks: launcher/doctor/probe.py)."""
     argv = [module if arg == WORKER_MODULE else arg for arg in launch.argv]
     return replace(launch, argv=argv)
 

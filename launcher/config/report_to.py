@@ -1,5 +1,5 @@
 """The experiment trackers `train.report_to` names, and what each needs before a launch: the
-config side of launcher/rank/trackers.py (the ranks log through the HF Trainer's own
+config side of launcher/rank/tracker_runs.py (the ranks log through the HF Trainer's own
 integrations). Credentials come from the environment only, never from the config, and ftl
 writes them nowhere.
 """
