@@ -55,10 +55,12 @@ ds-configs: venv
 data: venv
 	$(BIN)/python scripts/make_data.py
 
-# What CI runs (.ci/run): every behaviour once, in about 20 minutes on 2 cores; the 30
-# slowest tests and every training run's wall time are printed at the end.
+# What CI runs (.ci/run): ruff, the layer contract (pyproject.toml [tool.importlinter]),
+# every behaviour once, in about 20 minutes on 2 cores; the 30 slowest tests and every
+# training run's wall time are printed at the end.
 test: venv ops
 	$(BIN)/ruff check launcher tests scripts bench
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q --timeout=1800 --durations=30
 
 # Everything `make test` runs plus the long versions (tests marked `full`): chaos x20, the
@@ -66,6 +68,7 @@ test: venv ops
 # test-lowest`. Not in CI.
 test-full: venv ops
 	$(BIN)/ruff check launcher tests scripts bench
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q --timeout=3600 --durations=30 -m 'full or not full'
 	$(MAKE) test-lowest
 
@@ -95,6 +98,7 @@ bench: venv
 
 lint: venv
 	$(BIN)/ruff check launcher tests scripts bench
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .venv-lowest outputs

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError, DataError
-from launcher.inference.quantize_report import GRANULARITIES, SCHEMES
+from launcher.inference.schemes import GRANULARITIES, SCHEMES
 
 Verb = Callable[[argparse.Namespace], int]
 Arg = tuple[tuple[str, ...], dict[str, Any]]
@@ -160,7 +160,7 @@ def cmd_report(args: argparse.Namespace) -> int:
       arg("--force", action="store_true", help="replace an existing -o dir"),
       OVERRIDES)
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from launcher.inference.quantize_report import Request, quantize
+    from launcher.inference.quantize import Request, quantize
 
     request = Request(
         model_dir=Path(args.model_dir), out_dir=Path(args.output), scheme=args.scheme,

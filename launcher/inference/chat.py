@@ -20,7 +20,7 @@ def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) from a plain HF directory or a quantized one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launcher.inference.quantize import is_quantized_dir, load_quantized
+    from launcher.inference.int8 import is_quantized_dir, load_quantized
 
     check_causal_lm_dir(model_dir)
     model = (load_quantized(model_dir) if is_quantized_dir(model_dir)

@@ -97,7 +97,7 @@ def test_chat_prints_the_greedy_reply_before_and_after_quantization(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from launcher.data.encode import BUILTIN_CHAT_TEMPLATE
-    from launcher.inference.quantize import load_quantized
+    from launcher.inference.int8 import load_quantized
 
     _, quantized_dir = compared
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -1,4 +1,4 @@
-"""launcher/inference/quantize.py: the three INT8 schemes, their agreement with torch, and the model
+"""launcher/inference/int8.py: the three INT8 schemes, their agreement with torch, and the model
 round trip (quantize_model -> save_quantized -> load_quantized) on a tiny Llama."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.ao.quantization.observer import (
     PerChannelMinMaxObserver,
 )
 
-from launcher.inference import quantize as qz
+from launcher.inference import int8 as qz
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "assets" / "tokenizer"
@@ -386,11 +386,3 @@ def test_is_quantized_dir_wants_our_format(tmp_path: Path) -> None:
     assert not qz.is_quantized_dir(tmp_path)
     with pytest.raises(ValueError):
         qz.load_quantized(tmp_path)
-
-
-
-def test_the_verb_offers_exactly_the_implemented_schemes() -> None:
-    from launcher.inference import quantize_report
-
-    assert quantize_report.SCHEMES == qz.SCHEMES
-    assert quantize_report.GRANULARITIES == qz.GRANULARITIES
