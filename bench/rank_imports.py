@@ -24,9 +24,14 @@ def cpu_s() -> float:
 
 cfg = compose_config(sys.argv[1:])
 cpu0, wall0 = cpu_s(), time.time()
-try:
-    imports.import_stack(cfg, builds_data=False)
-except TypeError:  # since the sys.modules hiding went: import_stack(cfg)
-    imports.import_stack(cfg)
+try:  # since the engine is handed down the rank's recipe
+    from launcher.engines import engine_of
+
+    imports.import_stack(cfg, engine_of(cfg.strategy))
+except TypeError:  # older revisions, measured side by side
+    try:
+        imports.import_stack(cfg, builds_data=False)
+    except TypeError:
+        imports.import_stack(cfg)
 loaded = [m for m in WATCH if sys.modules.get(m)]
 print(f"cpu {cpu_s() - cpu0:.2f} wall {time.time() - wall0:.2f} {loaded}")

@@ -24,7 +24,8 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.doctor import checks
 from launcher.doctor.bandwidth import measure_world
-from launcher.rank.startup import World, backend, join_world, node_name
+from launcher.engines import engine_of
+from launcher.rank.startup import World, join_world, node_name
 from launcher.rank.worker import exit_now, write_error
 from launcher.rundir import DoctorReport, RunDir
 
@@ -73,11 +74,12 @@ def examine(run_dir: RunDir) -> None:
     import torch.distributed as dist
 
     cfg = load_run_config(run_dir.config)
+    on_gpu = not gpu_preset(cfg.cluster.gpu).is_cpu
+    backend = engine_of(cfg.strategy).process_group_backend(not on_gpu)
     started = time.monotonic()
-    world = join_world(cfg, run_dir, alone_too=True)  # the bound holds throughout
+    world = join_world(cfg, run_dir, backend, alone_too=True)  # the bound holds throughout
     join_s = time.monotonic() - started
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    on_gpu = not gpu_preset(cfg.cluster.gpu).is_cpu
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     gpus = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
     facts = RankFacts(world.rank, world.node, node_name(), local_rank, gpus=gpus,
@@ -90,7 +92,7 @@ def examine(run_dir: RunDir) -> None:
     reports: list[Any] = [None] * world.world_size
     dist.all_gather_object(reports, (asdict(facts), [asdict(m) for m in measured]))
     if world.rank == 0:
-        write_report(cfg, run_dir, reports, join_s)
+        write_report(cfg, run_dir, reports, join_s, backend)
     dist.barrier()
 
 
@@ -158,7 +160,8 @@ def sees_token(path: Path, token: str) -> bool:
         time.sleep(0.1)
 
 
-def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: float) -> None:
+def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: float,
+                 backend: str) -> None:
     from launcher.config.architecture import count_params
     from launcher.estimator.disk import disk_need
     from launcher.estimator.flops import trainable_params
@@ -168,7 +171,7 @@ def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: fl
     preset = gpu_preset(cfg.cluster.gpu)
     need = disk_need(cfg, count_params(cfg.model), trainable_params(cfg))
     exp = checks.Expectation(
-        backend=backend(cfg), world_size=cfg.world_size, nodes=cfg.cluster.nodes,
+        backend=backend, world_size=cfg.world_size, nodes=cfg.cluster.nodes,
         gpus_per_node=cfg.cluster.gpus_per_node, on_gpu=not preset.is_cpu,
         intra_gb_s=preset.intra_node_busbw_gb_s, inter_gb_s=cfg.cluster.network_gb_s,
         need_bytes=need.total_bytes)

@@ -121,6 +121,25 @@ class Engine:
 
         return Trainer
 
+    def save_final_model(self, trainer: Any, cfg: RunConfig, model_dir: Path) -> Path:
+        """RUN_DIR/model: a plain HF directory AutoModelForCausalLM.from_pretrained loads,
+        the LoRA update merged in (its adapter in model/adapter). Called on every rank:
+        gathering sharded weights is a collective; rank 0 writes."""
+        from launcher.engines.final_model import barrier, save_merged_peft_model
+
+        if cfg.peft.name != "none":
+            return save_merged_peft_model(trainer, model_dir, cfg.model.path,
+                                          lambda: self.full_state_dict(trainer),
+                                          gathered=self.shards)
+        trainer.save_model(str(model_dir))
+        barrier()
+        return model_dir
+
+    def full_state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        """The whole weights on rank 0 (other ranks may get partial dicts), gathered by
+        accelerate where they are sharded; None when they cannot be."""
+        return trainer.accelerator.get_state_dict(trainer.model)
+
 
 def zero_stage_unused(strategy: StrategyConfig) -> list[str]:
     """Engines without ZeRO stages refuse one."""

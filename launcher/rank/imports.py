@@ -8,10 +8,10 @@ import logging
 
 from launcher import timing
 from launcher.config.schema import RunConfig
-from launcher.engines import engine_of
+from launcher.engines.base import Engine
 
 
-def import_stack(cfg: RunConfig) -> None:
+def import_stack(cfg: RunConfig, engine: Engine) -> None:
     """Import the stack this run uses now, so the imports show as a phase of their own
     instead of inflating whichever step needs them first. transformers.trainer also imports
     every optional library that is installed (datasets, peft, and through peft bitsandbytes:
@@ -22,6 +22,6 @@ def import_stack(cfg: RunConfig) -> None:
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     import transformers.trainer  # noqa: F401
 
-    for library in engine_of(cfg.strategy).libraries:
+    for library in engine.libraries:
         importlib.import_module(library)
     timing.mark("imported")

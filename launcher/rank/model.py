@@ -11,10 +11,10 @@ import torch
 
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
-from launcher.engines import engine_of
+from launcher.engines.base import Engine
 
 
-def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any) -> Any:
     """From cfg.model.path (local dir or hub id), else from the architecture numbers.
     Under FSDP every rank but 0 builds an unfilled model: accelerate fills each rank's
     shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
@@ -26,11 +26,11 @@ def build_model(cfg: RunConfig, tokenizer: Any) -> Any:
     set_seed(cfg.train.seed)  # identical initial weights on every rank
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
-    if engine_of(cfg.strategy).fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0:
+    if engine.fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0:
         return unfilled_model(cfg, tokenizer)
     if cfg.model.path:
         return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
-    with torch.device(build_device(cfg)):
+    with torch.device(build_device(cfg, engine)):
         return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
                                                 dtype=model_dtype(cfg))
 
@@ -83,7 +83,7 @@ def model_config(cfg: RunConfig, tokenizer: Any) -> Any:
     )
 
 
-def build_device(cfg: RunConfig) -> str:
+def build_device(cfg: RunConfig, engine: Engine) -> str:
     """Where a model built from config is initialised: on this rank's GPU when the engine
     moves the whole model there anyway (ddp, ZeRO-1/2). On an H200 machine the random init
     of a 1.1B model took 16 s on the CPU and 0.3 s on the GPU, with the same construction
@@ -93,7 +93,7 @@ def build_device(cfg: RunConfig) -> str:
     offloaded parameters."""
     strategy = cfg.strategy
     if (gpu_preset(cfg.cluster.gpu).is_cpu or strategy.offload_param
-            or engine_of(strategy).memory_stage(strategy) == 3):
+            or engine.memory_stage(strategy) == 3):
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 

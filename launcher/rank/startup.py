@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 
-from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.rundir import RunDir, StartupRecord
 
@@ -42,17 +41,10 @@ class World:
                    env.get("MASTER_ADDR", "?"), env.get("MASTER_PORT", "?"))
 
 
-def backend(cfg: RunConfig) -> str:
-    """The run's backend: gloo on CPU, NCCL on GPUs (with gloo beside it under FSDP)."""
-    from launcher.engines import engine_of
-
-    return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
-
-
-def join_world(cfg: RunConfig, run_dir: RunDir, alone_too: bool = False) -> World:
-    """Write this rank's start-up record and join the default process group within the
-    bound. A world of one is left to accelerate (which makes it no group), unless
-    alone_too: the doctor's collectives need a group."""
+def join_world(cfg: RunConfig, run_dir: RunDir, backend: str, alone_too: bool = False) -> World:
+    """Write this rank's start-up record and join the default process group (`backend`:
+    Engine.process_group_backend's) within the bound. A world of one is left to accelerate
+    (which makes it no group), unless alone_too: the doctor's collectives need a group."""
     import torch
     import torch.distributed as dist
 
@@ -63,12 +55,11 @@ def join_world(cfg: RunConfig, run_dir: RunDir, alone_too: bool = False) -> Worl
         world.master_addr, world.master_port, time.time()))
     if world.world_size == 1 and not (alone_too and "MASTER_ADDR" in os.environ):
         return world
-    name = backend(cfg)
-    if name != "gloo":
+    if backend != "gloo":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     started = time.monotonic()
     try:
-        dist.init_process_group(name, timeout=timedelta(seconds=bound))
+        dist.init_process_group(backend, timeout=timedelta(seconds=bound))
         joined = check_in(world, bound - (time.monotonic() - started))
     except Exception as error:  # noqa: BLE001 - any failure to join is diagnosed alike
         raise StartupError(missing_message(cfg, run_dir, world, None, error)) from error

@@ -7,7 +7,7 @@ from typing import Any
 
 from launcher.config.report_to import requested
 from launcher.config.schema import RunConfig
-from launcher.engines import engine_of
+from launcher.engines.base import Engine
 from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
 
@@ -31,10 +31,10 @@ def keep_freed_memory() -> None:
 
 
 def training_arguments(
-    cfg: RunConfig, run_dir: RunDir, on_cpu: bool, accelerator_config: dict[str, Any],
-    resuming: bool, load_universal: bool = False,
+    cfg: RunConfig, engine: Engine, run_dir: RunDir, on_cpu: bool,
+    accelerator_config: dict[str, Any], resuming: bool, load_universal: bool = False,
 ) -> Any:
-    t, engine = cfg.train, engine_of(cfg.strategy)
+    t = cfg.train
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(run_dir.tensorboard))
     kwargs: dict[str, Any] = dict(
         output_dir=str(run_dir.checkpoints),
@@ -87,8 +87,8 @@ def training_arguments(
 
 
 def make_trainer(
-    cfg: RunConfig, run_dir: RunDir, plan: PlanRecord, args: Any, model: Any, tokenizer: Any,
-    datasets: tuple, resume: str | None,
+    cfg: RunConfig, engine: Engine, run_dir: RunDir, plan: PlanRecord, args: Any, model: Any,
+    tokenizer: Any, datasets: tuple, resume: str | None,
 ) -> Any:
     """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
     from transformers import PrinterCallback
@@ -101,7 +101,7 @@ def make_trainer(
 
     metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
     train_ds, eval_ds = datasets
-    trainer = engine_of(cfg.strategy).trainer_class(cfg)(
+    trainer = engine.trainer_class(cfg)(
         model=model,
         args=args,
         train_dataset=train_ds,

@@ -25,7 +25,6 @@ from launcher.data.tokenizer import load_tokenizer
 from launcher.engines import engine_of
 from launcher.engines.base import Engine
 from launcher.rank import imports, memtrace
-from launcher.rank.checkpoints import save_final_model
 from launcher.rank.model import apply_peft, build_model
 from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
@@ -61,7 +60,7 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     rank = int(os.environ.get("RANK", "0"))
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
-    imports.import_stack(cfg)  # start-up phases: the imports on their own
+    imports.import_stack(cfg, engine)  # start-up phases: the imports on their own
     memtrace.start(on_cpu)  # from before the model exists
     from transformers.utils import logging as hf_logging  # after import_stack
     # Bars from every rank garble the launcher's console; MetricsCallback reports the steps.
@@ -78,22 +77,24 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
                               cleanup=engine.release_rank)
     resume = resume_checkpoint(cfg.run.resume, run_dir)
     load_from, universal = engine.resume_source(cfg, run_dir, resume)
-    join_world(cfg, run_dir)  # within cluster.startup_timeout_s; accelerate uses this group
+    # within cluster.startup_timeout_s; accelerate uses this group
+    join_world(cfg, run_dir, engine.process_group_backend(on_cpu))
     if on_cpu:
         keep_freed_memory()
     accelerator_config = engine.setup_distributed(cfg, on_cpu)  # where accelerate errs on CPU
-    args = training_arguments(cfg, run_dir, on_cpu, accelerator_config, resume is not None,
+    args = training_arguments(cfg, engine, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
     collective_timeout(args.ddp_timeout)  # the start-up bound ends here
     timing.mark("args_ready")
     # Built after TrainingArguments: under ZeRO-3 transformers then constructs the model
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     memtrace.PHASES.phase("model")
-    model = apply_peft(build_model(cfg, tokenizer), cfg)
+    model = apply_peft(build_model(cfg, engine, tokenizer), cfg)
     timing.mark("model_built")
     memtrace.PHASES.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
-    trainer = make_trainer(cfg, run_dir, plan, args, model, tokenizer, datasets, resume_text)
+    trainer = make_trainer(cfg, engine, run_dir, plan, args, model, tokenizer, datasets,
+                           resume_text)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
     if watchdog is not None:  # first in line: its beat at a step end comes before any other's
@@ -120,9 +121,7 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     memtrace.PHASES.phase("final")  # final eval and the final model's save
     final_eval = final_evaluation(trainer)
     timing.mark("final_eval")
-    model_dir = save_final_model(
-        trainer, cfg.peft.name != "none", run_dir.model, base_path=cfg.model.path
-    )
+    model_dir = engine.save_final_model(trainer, cfg, run_dir.model)
     timing.mark("saved")
     from launcher.rank.callbacks.metrics import record_finish
 

@@ -108,7 +108,7 @@ def test_the_same_command_resumes_a_hung_run(hung: Hung) -> None:
     """`make test-full` only: a launch that ended 76 left checkpoint-2 complete, as one
     that ended 75 (test_graceful_stop), 1 (test_disk_full) or by kill -9 (test_chaos)
     leaves its own, and the resume takes the newest complete checkpoint whatever ended the
-    launch before (launcher/rank/checkpoints.py)."""
+    launch before (launcher/rundir/checkpoints.py)."""
     run_dir, checkpoints = hung.run_dir, hung.run_dir.checkpoints
     started = time.monotonic()
     again = ftl_train(hung.root)  # the same command, without the injected hang

@@ -161,10 +161,12 @@ def test_after_a_failed_job_step_the_nodes_whose_launcher_never_started_are_name
 
 
 def test_the_run_backend_is_the_engines() -> None:
-    from launcher.rank.startup import backend
+    from launcher.config.hardware import gpu_preset
+    from launcher.engines import engine_of
 
     def of(*overrides: str) -> str:
-        return backend(compose_config(list(overrides)))
+        cfg = compose_config(list(overrides))
+        return engine_of(cfg.strategy).process_group_backend(gpu_preset(cfg.cluster.gpu).is_cpu)
 
     assert of("strategy=fsdp") == of("strategy=zero2") == "gloo"  # cluster.gpu=cpu
     gpu = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=8"]

@@ -473,7 +473,9 @@ cfg = compose_config([f"strategy={sys.argv[1]}", "cluster.gpu=a100-80g",
                       "cluster.gpus_per_node=1", "train.lr=1e-3", "train.weight_decay=0.01"])
 from launcher.rank.imports import import_stack
 
-import_stack(cfg)  # a rank's imports
+from launcher.engines import engine_of
+
+import_stack(cfg, engine_of(cfg.strategy))  # a rank's imports
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 t, m = cfg.train, cfg.model

@@ -17,6 +17,7 @@ from launcher.config.compose import PROJECT_ROOT, compose_config
 from launcher.data import loading
 from launcher.data.encode import IGNORE_INDEX, adopt_chat_template
 from launcher.data.tokenizer import load_tokenizer
+from launcher.engines import engine_of
 from launcher.inference import examples
 from launcher.inference.chat import answers, prompt_ids
 from launcher.rank.model import build_model
@@ -46,7 +47,8 @@ def test_the_preset_turns_it_on_and_the_schema_leaves_it_off() -> None:
 
 
 def test_the_initial_model_is_the_one_the_ranks_start_from(model: Any, tokenizer: Any) -> None:
-    ranks = build_model(CFG, tokenizer).state_dict()  # launcher/rank/model.py, set_seed
+    # launcher/rank/model.py, set_seed
+    ranks = build_model(CFG, engine_of(CFG.strategy), tokenizer).state_dict()
     mine = model.state_dict()
     assert mine.keys() == ranks.keys()
     assert all(torch.equal(mine[name], ranks[name]) for name in ranks)

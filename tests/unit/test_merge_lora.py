@@ -1,11 +1,11 @@
-"""launcher/checkpoints.merge_lora_state_dict: W + scaling * B @ A, in place on a gathered
+"""launcher/engines/final_model.merge_lora_state_dict: W + scaling * B @ A, in place on a gathered
 state dict (no second copy of the base), on copies of the live model's own."""
 
 from __future__ import annotations
 
 import torch
 
-from launcher.rank.checkpoints import LORA_A, LORA_B, merge_lora_state_dict
+from launcher.engines.final_model import LORA_A, LORA_B, merge_lora_state_dict
 
 PREFIX = "base_model.model.model.layers.0.self_attn.q_proj"
 

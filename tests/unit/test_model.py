@@ -1,4 +1,4 @@
-"""Where a model is built: a from-config model's device (launcher/model.build_device), and
+"""Where a model is built: a from-config model's device (launcher/rank/model.build_device), and
 the meta build of FSDP's ranks other than 0."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 
 from launcher.config.compose import compose_config
 from launcher.data.tokenizer import load_tokenizer
+from launcher.engines import engine_of
 from launcher.rank.model import build_device, build_model
 
 
@@ -23,18 +24,19 @@ def test_gpu_builds_on_this_ranks_device_unless_partitioned_or_offloaded(
         strategy: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")
     cfg = compose_config([f"strategy={strategy}", "cluster.gpu=a100-80g"])
-    assert build_device(cfg) == device
+    assert build_device(cfg, engine_of(cfg.strategy)) == device
 
 
 def test_cpu_preset_builds_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert build_device(compose_config(["strategy=ddp"])) == "cpu"
+    cfg = compose_config(["strategy=ddp"])
+    assert build_device(cfg, engine_of(cfg.strategy)) == "cpu"
 
 
 def built(strategy: str, rank: int, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Any:
     monkeypatch.setenv("RANK", str(rank))
     cfg = compose_config([f"strategy={strategy}", *extra])
-    return build_model(cfg, load_tokenizer(cfg))
+    return build_model(cfg, engine_of(cfg.strategy), load_tokenizer(cfg))
 
 
 def test_fsdp_ranks_but_0_build_an_unfilled_model_with_real_buffers(

@@ -83,8 +83,10 @@ IMPORT_CODE = """
 import sys
 from launcher.config.compose import compose_config
 from launcher import timing
+from launcher.engines import engine_of
 from launcher.rank import imports
-imports.import_stack(compose_config(sys.argv[1:]))
+cfg = compose_config(sys.argv[1:])
+imports.import_stack(cfg, engine_of(cfg.strategy))
 import transformers.utils
 print("deepspeed" in sys.modules, transformers.utils.is_peft_available(),
       transformers.utils.is_datasets_available(), timing.MARKS.has("imported"))

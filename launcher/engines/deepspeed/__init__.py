@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -169,6 +170,43 @@ class DeepSpeedEngine(Engine):
         from launcher.engines.deepspeed.ulysses import trainer_class
 
         return trainer_class()
+
+    def save_final_model(self, trainer: Any, cfg: RunConfig, model_dir: Path) -> Path:
+        """ZeRO-3 gathers the weights on save (stage3_gather_16bit_weights_on_model_save);
+        without that it leaves shards, rebuilt here into fp32 weights (zero_to_fp32)."""
+        if cfg.peft.name != "none":
+            return super().save_final_model(trainer, cfg, model_dir)
+        from launcher.engines.final_model import barrier, has_weights
+
+        trainer.save_model(str(model_dir))
+        barrier()
+        if trainer.is_world_process_zero() and not has_weights(model_dir):
+            _consolidate_zero_checkpoint(trainer, model_dir)
+        barrier()
+        return model_dir
+
+    def full_state_dict(self, trainer: Any) -> dict[str, Any] | None:
+        try:
+            return trainer.accelerator.get_state_dict(trainer.deepspeed)
+        except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
+            print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
+            return None
+
+
+def _consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
+    """Fp32 weights from the ZeRO shards the save left in model_dir; the shards (with the
+    optimizer states) stay in checkpoints/, so model/ is a plain HF dir."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(str(model_dir))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.save_pretrained(str(model_dir), state_dict=state_dict)
+    names = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
+    for leftover in [*model_dir.glob("global_step*"), *(model_dir / name for name in names)]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def _offload_of_stage(strategy: StrategyConfig) -> bool:

@@ -6,6 +6,7 @@ torch.distributed.checkpoint, with nothing to convert."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 from launcher import rundir
@@ -82,6 +83,11 @@ class FsdpEngine(Engine):
         # e.g. CPUOffloadPolicy(pin_memory=False): the default pins memory, needing a GPU.
         args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))
         return args
+
+    def save_final_model(self, trainer: Any, cfg: RunConfig, model_dir: Path) -> Path:
+        # Sharded checkpoints are right for resuming; the final model must be whole.
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        return super().save_final_model(trainer, cfg, model_dir)
 
 
 def _placed(offload: bool, device: float, host: float) -> Split:

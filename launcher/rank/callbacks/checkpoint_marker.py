@@ -1,4 +1,4 @@
-"""The COMPLETE marker that makes a checkpoint count (launcher/rank/checkpoints.py)."""
+"""The COMPLETE marker that makes a checkpoint count (launcher/rundir/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from launcher.rank.checkpoints import barrier
+from launcher.engines.final_model import barrier
 from launcher.rank.memtrace import peak_memory_mib
 from launcher.rundir import MetricsEvent, RunDir, write_complete_marker
 

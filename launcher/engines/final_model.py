@@ -1,56 +1,28 @@
-"""The final model (RUN_DIR/model): a plain HF directory whatever the strategy."""
+"""The pieces of the final model (RUN_DIR/model: a plain HF directory whatever the strategy)
+that every engine shares: the merged LoRA model and the collective barrier. Each engine's
+`save_final_model` (base.py and its overrides) decides how its weights are gathered.
+Imported on the ranks only, when the run ends."""
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def save_final_model(trainer: Any, is_peft: bool, model_dir: Path, base_path: str = "") -> Path:
-    """A plain HF directory that AutoModelForCausalLM.from_pretrained loads.
-
-    Called on every rank: gathering ZeRO-3 / FSDP2 weights is a collective; rank 0 writes.
-    """
-    if trainer.is_fsdp_enabled:
-        # Sharded checkpoints are right for resuming; the final model must be whole.
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    if is_peft:
-        return save_merged_peft_model(trainer, model_dir, base_path)
-    trainer.save_model(str(model_dir))  # ZeRO-3: gathered (stage3_gather_16bit_...)
-    barrier()
-    if trainer.is_world_process_zero() and not _has_weights(model_dir):
-        consolidate_zero_checkpoint(trainer, model_dir)
-    barrier()
-    return model_dir
-
-
-def consolidate_zero_checkpoint(trainer: Any, model_dir: Path) -> None:
-    """ZeRO-3 without gathering on save left shards: rebuild fp32 weights (zero_to_fp32)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    state_dict = get_fp32_state_dict_from_zero_checkpoint(str(model_dir))
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    model.save_pretrained(str(model_dir), state_dict=state_dict)
-    # The shards (with optimizer states) stay in checkpoints/; model/ is a plain HF dir.
-    names = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
-    for leftover in [*model_dir.glob("global_step*"), *(model_dir / name for name in names)]:
-        if leftover.is_dir():
-            shutil.rmtree(leftover)
-        else:
-            leftover.unlink(missing_ok=True)
-
-
-def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Path:
+def save_merged_peft_model(
+    trainer: Any, model_dir: Path, base_path: str,
+    full_state_dict: Callable[[], dict[str, Any] | None], gathered: bool,
+) -> Path:
     """model_dir/adapter (the PEFT adapter) and model_dir itself: the base model with the
     LoRA update merged in, loadable without peft. Works sharded: the full state dict is
     gathered (a collective), rank 0 merges it on CPU. QLoRA merges into the unquantized
-    base weights read from `base_path` (the usual practice: 4-bit weights are lossy)."""
+    base weights read from `base_path` (the usual practice: 4-bit weights are lossy).
+    `full_state_dict`: the whole weights on rank 0, a collective (None: the adapter only);
+    `gathered`: they are fresh host tensors nobody else holds (ZeRO, FSDP), merged in place,
+    where the plain model's own state dict shares the live weights and is copied."""
     trainer.save_model(str(model_dir / "adapter"))
-    state_dict = _full_state_dict(trainer)
-    # gathered (ZeRO, FSDP): fresh host tensors nobody else holds, merged in place; the
-    # plain model's own state dict shares the live weights, so that one is copied
-    gathered = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
+    state_dict = full_state_dict()
     if trainer.is_world_process_zero() and state_dict is not None:
         from safetensors.torch import save_file
 
@@ -69,18 +41,6 @@ def save_merged_peft_model(trainer: Any, model_dir: Path, base_path: str) -> Pat
         trainer.processing_class.save_pretrained(str(model_dir))
     barrier()
     return model_dir
-
-
-def _full_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Whole weights on rank 0, gathered by accelerate (other ranks may get partial dicts)."""
-    model = trainer.deepspeed if trainer.is_deepspeed_enabled else trainer.model
-    try:
-        return trainer.accelerator.get_state_dict(model)
-    except ValueError:  # ZeRO-3 without gather-on-save: only the adapter is written
-        if not trainer.is_deepspeed_enabled:
-            raise
-        print("[ftl] ZeRO-3 weights not gathered on save: model/adapter only", flush=True)
-        return None
 
 
 def _read_safetensors(model_path: Path) -> dict[str, Any]:
@@ -126,7 +86,7 @@ def merge_lora_state_dict(
     return merged
 
 
-def _has_weights(model_dir: Path) -> bool:
+def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("pytorch_model*.bin"))
 
 
