@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from launcher.config import preflight
-from launcher.config.rules import config_problems, strategy_problems
+from launcher.config.rules import config_problems, data_problems, strategy_problems
 from launcher.config.schema import RunConfig
 from launcher.config.trackers import tracker_problems
 from launcher.engines import is_auto
@@ -41,13 +41,15 @@ class Checked:
 
 def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
     """Raise one ConfigError listing every problem; else what the planner needs. dry_run
-    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings."""
-    problems = config_problems(cfg)
+    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings.
+    preprocess checks only what preprocessing reads (rules.data_problems)."""
     checked = Checked(cfg=cfg, target=target)
     if target == "preprocess":
-        problems += [] if problems else preflight.missing_sources(cfg)
+        problems = data_problems(cfg)
+        problems += [] if problems else preflight.missing_sources(cfg, preflight.DATA_SOURCES)
         problems += [] if problems else preflight.unreadable_data(cfg)
     else:
+        problems = config_problems(cfg)
         if not problems:
             problems += _resolve_strategy(checked)
         if not is_auto(checked.cfg.strategy):
