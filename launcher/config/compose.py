@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from dataclasses import fields, is_dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
     run_config = to_run_config(compose_dict(overrides))
-    if notice := own_eval_set(run_config, overrides):
-        print(f"ftl: {notice}", file=sys.stderr)
+    for notice in (own_eval_set(run_config, overrides),
+                   preset_evaluation_off(run_config, overrides)):
+        if notice:
+            print(f"ftl: {notice}", file=sys.stderr)
     return resolve_paths(run_config, Path.cwd())
 
 
@@ -66,6 +69,35 @@ def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
             else "no eval set (dataset.eval_fraction=0)")
     return (f"dataset.path={data.path}: {what}; the dataset group's eval file {dropped} "
             "belongs to its own data. Set dataset.eval_path=FILE to evaluate on another file.")
+
+
+EVALUATION = {"train.eval_steps": 0, "train.eval_on_start": False, "train.show_examples": 0}
+"""The settings that read the eval set, each with its value for off."""
+
+
+def preset_evaluation_off(cfg: RunConfig, overrides: list[str]) -> str | None:
+    """No eval set (dataset.eval_path empty, dataset.eval_fraction=0): the evaluation settings
+    a preset chose (tiny-llama's demo evaluates every 50 steps, on start, and shows 200
+    examples) do not fit this data, so they turn off. A value the user typed stays on, for
+    rules._eval to refuse with its fix. The notice saying what turned off; None: nothing."""
+    data = cfg.dataset
+    if data.eval_path or data.eval_fraction != 0:
+        return None
+    given = {override_key(override) for override in overrides}
+    chosen = [key for key in EVALUATION if key not in given and attrgetter(key)(cfg) > 0]
+    if not chosen:
+        return None
+    was = ", ".join(f"{key}={_shown(attrgetter(key)(cfg))}" for key in chosen)
+    for key in chosen:
+        setattr(cfg.train, key.removeprefix("train."), EVALUATION[key])
+    return (f"no eval set (dataset.eval_fraction=0 and no dataset.eval_path): the preset's "
+            f"{was} turned off, with nothing to evaluate on. To evaluate, set "
+            "dataset.eval_fraction (e.g. 0.05) or dataset.eval_path=FILE.")
+
+
+def _shown(value: object) -> str:
+    """A value as typed on the command line (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -89,7 +89,8 @@ class DatasetConfig:
     """Separate eval file; empty: hold out `eval_fraction` of `path`."""
     eval_fraction: float = 0.05
     """Share of `path`'s rows held out for evaluation (shuffled with train.seed) when
-    `eval_path` is empty, in [0, 1); 0: no eval set."""
+    `eval_path` is empty, in [0, 1); 0: no eval set (and a preset's train.eval_steps,
+    eval_on_start and show_examples turn off)."""
     max_length: int = 512
     """Tokens per example (longer ones are truncated); with `packing`, tokens per packed row.
     At most model.max_position_embeddings."""
@@ -238,7 +239,9 @@ class TrainConfig:
     """Checkpoints kept, oldest deleted first; 0: all. At least 2: the Trainer deletes the
     oldest before the newest is marked COMPLETE, so 1 could leave no complete checkpoint."""
     eval_steps: int = 0
-    """Optimizer steps between evaluations; 0: evaluate at the end only."""
+    """Optimizer steps between evaluations; 0: evaluate at the end only. With no eval set
+    (dataset.eval_fraction=0, no dataset.eval_path) a preset's value turns off, saying so;
+    a typed one is refused."""
     logging_steps: int = 10
     """Optimizer steps between log events (console line, metrics.jsonl, TensorBoard)."""
     gradient_checkpointing: bool = False
@@ -268,13 +271,15 @@ class TrainConfig:
     mfu: float = 0.4
     """Model FLOPs utilisation assumed by the time estimate."""
     eval_on_start: bool = False
-    """Evaluate before the first step (never on a launch that resumes)."""
+    """Evaluate before the first step (never on a launch that resumes). With no eval set a
+    preset's true turns off, saying so; a typed one is refused."""
     show_examples: int = 0
     """`ftl train` only: once the ranks finish, answer the first N prompts of the eval set
     greedily with the initial and the final model, print a few with the exact-match rate
     over all N before and after training, and write them to RUN_DIR/examples.json. Runs
     on the launcher's CPU: for small models (the tiny-llama preset sets 200). Needs an eval
-    set; formats without a prompt and answer (text, prompt_completion) skip it. 0: off."""
+    set: with none, a preset's value turns off, saying so, and a typed one is refused;
+    formats without a prompt and answer (text, prompt_completion) skip it. 0: off."""
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
     (e.g. the probes the integration tests inject)."""

@@ -36,8 +36,8 @@ class Request:
 
 def check_request(req: Request) -> RunConfig:
     """Every problem with the request and its overrides in one ConfigError, before any work;
-    the overrides pass the validation stage as `ftl preprocess`'s (the config rules, the
-    data's sources and rows), since the verb reads the same data."""
+    the overrides pass the validation stage as `ftl preprocess`'s (the data's rules, sources
+    and rows), since the verb reads the same data."""
     from launcher.config.compose import compose_config
     from launcher.inference.chat import check_causal_lm_dir
     from launcher.validation.validate import validate

@@ -71,8 +71,14 @@ def hostfile_problems(path: str, nodes: int) -> list[str]:
     return problems
 
 
-def missing_sources(cfg: RunConfig) -> list[str]:
-    remote = [(key, value) for key in SOURCES
+DATA_SOURCES = ("dataset.path", "dataset.eval_path", "model.tokenizer")
+"""What preprocessing reads (model.path only as the tokenizer when model.tokenizer is empty)."""
+
+
+def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES) -> list[str]:
+    if "model.tokenizer" in keys and not cfg.model.tokenizer:
+        keys = (*keys, "model.path")
+    remote = [(key, value) for key in dict.fromkeys(keys)
               if (value := attrgetter(key)(cfg)) and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
@@ -89,7 +95,7 @@ def unreadable_data(cfg: RunConfig) -> list[str]:
     with its file and line number before any rank starts."""
     data = cfg.dataset
     if data.format not in FORMATS:
-        return []  # rules._choices reports the format; its rows cannot be judged
+        return []  # rules.data_problems reports the format; its rows cannot be judged
     renames = asdict(data.columns)
     problems = []
     for key, path in (("dataset.path", data.path), ("dataset.eval_path", data.eval_path)):

@@ -4,7 +4,7 @@ naming the key as typed, its value and the fix (the one stage: launcher/validati
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
@@ -37,13 +37,39 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS)}
 
 
+DATA_CHOICES = ("dataset.format", "dataset.template")
+
+
 def config_problems(cfg: RunConfig) -> list[str]:
-    """Rules on the values as given (strategy=auto not yet resolved)."""
+    """Rules on the values as given (strategy=auto not yet resolved): training's, then the
+    data's."""
     rules: list[Callable[[RunConfig], list[str]]] = [
-        _choices, _positive, _precision, _batch, _model, _eval, _columns, _callbacks,
-        _multi_node, _plain_names, model_parallel_problems, _watchdog, tracker_names,
+        _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
+        _plain_names, model_parallel_problems, _watchdog, tracker_names, data_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
+
+
+def data_problems(cfg: RunConfig) -> list[str]:
+    """Rules on what preprocessing reads, all that `ftl preprocess` checks: the dataset's
+    keys, the tokenizer source and the sizes of one global batch, which the data must fill
+    (train.seed, any int, picks the eval split). Training's rules, not checked there: the
+    other counts and steps, the choices of precision, strategy, peft, optimizer and
+    scheduler, precision on the GPU, global_batch_size, the model's shape and
+    dataset.max_length against its positions (the cache is keyed by the tokenizer, not the
+    model), evaluation, callbacks, the multi-node hostfile, model parallelism, the
+    watchdog, trackers and run.name."""
+    data, model = cfg.dataset, cfg.model
+    positive = [f"{key}={attrgetter(key)(cfg)}: {why}"
+                for key, wrong, why in _positive_checks(cfg, DATA_POSITIVE) if wrong]
+    return _not_one_of(cfg, DATA_CHOICES) + positive + flagged([
+        (not model.tokenizer and not model.path,
+         f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
+         "Fix: set model.tokenizer to a tokenizer directory or hub id."),
+        (not 0 <= data.eval_fraction < 1,
+         f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
+         "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
+    ]) + _columns(cfg) + _plain_names(cfg, ["dataset.name"])
 
 
 def strategy_problems(cfg: RunConfig) -> list[str]:
@@ -53,10 +79,14 @@ def strategy_problems(cfg: RunConfig) -> list[str]:
     return _strategy(cfg) + _peft(cfg)
 
 
+def _not_one_of(cfg: RunConfig, keys: Iterable[str]) -> list[str]:
+    allowed = choices()
+    return [f"{key}={value}: not one of {', '.join(allowed[key])}. Fix: pick one."
+            for key in keys if (value := attrgetter(key)(cfg)) not in allowed[key]]
+
+
 def _choices(cfg: RunConfig) -> list[str]:
-    problems = [f"{key}={value}: not one of {', '.join(allowed)}. Fix: pick one."
-                for key, allowed in choices().items()
-                if (value := attrgetter(key)(cfg)) not in allowed]
+    problems = _not_one_of(cfg, [key for key in choices() if key not in DATA_CHOICES])
     problems += backend_problems(cfg.strategy)
     table = strategy_table()
     if cfg.strategy.name not in table:
@@ -72,13 +102,16 @@ POSITIVE = (
     "train.lr", "train.save_steps", "train.logging_steps", "dataset.max_length", "train.mfu",
     "cluster.startup_timeout_s",
 )
+DATA_POSITIVE = ("dataset.max_length", "train.micro_batch_size", "train.grad_accum",
+                 "cluster.nodes", "cluster.gpus_per_node")
+"""What preprocessing reads of POSITIVE: the length, and one global batch of rows
+(launcher/data/loading.py's _check_batch)."""
 
 
 def _positive(cfg: RunConfig) -> list[str]:
     train, cluster = cfg.train, cfg.cluster
     checks: list[tuple[str, bool, str]] = [  # key, whether its value is wrong, why and fix
-        *((key, attrgetter(key)(cfg) <= 0,
-           f"must be greater than 0. Fix: set {key} to a positive value.") for key in POSITIVE),
+        *_positive_checks(cfg, [key for key in POSITIVE if key not in DATA_POSITIVE]),
         ("train.max_steps", train.max_steps == 0 or train.max_steps < -1,
          "must be a positive step count, or -1 to run train.epochs epochs. "
          "Fix: e.g. train.max_steps=1000."),
@@ -97,6 +130,11 @@ def _positive(cfg: RunConfig) -> list[str]:
          "a bandwidth >= 0 (0: unknown). Fix: e.g. cluster.network_gb_s=0."),
     ]
     return [f"{key}={attrgetter(key)(cfg)}: {why}" for key, wrong, why in checks if wrong]
+
+
+def _positive_checks(cfg: RunConfig, keys: Iterable[str]) -> list[tuple[str, bool, str]]:
+    return [(key, attrgetter(key)(cfg) <= 0,
+             f"must be greater than 0. Fix: set {key} to a positive value.") for key in keys]
 
 
 def _precision(cfg: RunConfig) -> list[str]:
@@ -158,9 +196,6 @@ def _model(cfg: RunConfig) -> list[str]:
         (model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1),
          f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
          f"{model.num_heads}. Fix: correct the model's architecture numbers."),
-        (not model.tokenizer and not model.path,
-         f"model.tokenizer: empty, and model.path is empty too (model={model.name}). "
-         "Fix: set model.tokenizer to a tokenizer directory or hub id."),
         (cfg.dataset.max_length > model.max_position_embeddings,
          f"dataset.max_length={cfg.dataset.max_length}: longer than the model's "
          f"model.max_position_embeddings={model.max_position_embeddings}. "
@@ -238,21 +273,22 @@ def _multi_node(cfg: RunConfig) -> list[str]:
 
 
 def _eval(cfg: RunConfig) -> list[str]:
+    """With no eval set, compose.preset_evaluation_off has turned a preset's evaluation
+    settings off: what is still on here, the user typed."""
     data, train = cfg.dataset, cfg.train
     no_eval_set = not data.eval_path and data.eval_fraction == 0
-    asked = [f"train.eval_steps={train.eval_steps}"] if train.eval_steps > 0 else []
-    asked += ["train.eval_on_start=true"] if train.eval_on_start else []
     # the prompts launcher/inference/examples.py answers are the eval set's
-    asked += [f"train.show_examples={train.show_examples}"] if train.show_examples > 0 else []
+    asked = {key: off for key, value, off in (
+        (f"train.eval_steps={train.eval_steps}", train.eval_steps > 0, "train.eval_steps=0"),
+        ("train.eval_on_start=true", train.eval_on_start, "train.eval_on_start=false"),
+        (f"train.show_examples={train.show_examples}", train.show_examples > 0,
+         "train.show_examples=0"),
+    ) if value}
     return flagged([
-        (not 0 <= data.eval_fraction < 1,
-         f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
-         "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
         (no_eval_set and asked,
          f"{' and '.join(asked)}: there is no eval set (dataset.eval_path is empty and "
          "dataset.eval_fraction=0). Fix: set dataset.eval_path or dataset.eval_fraction, "
-         "or train.eval_steps=0 train.eval_on_start=false train.show_examples=0 to train "
-         "without evaluation."),
+         f"or {' '.join(asked.values())} to train without evaluation."),
         (train.show_examples < 0,
          f"train.show_examples={train.show_examples}: a number of held-out "
          "prompts, >= 0. Fix: e.g. train.show_examples=20, or 0 for none."),
@@ -262,7 +298,7 @@ def _eval(cfg: RunConfig) -> list[str]:
 def _columns(cfg: RunConfig) -> list[str]:
     data = cfg.dataset
     if data.format not in FIELDS:
-        return []  # _choices reports the format
+        return []  # data_problems reports the format
     renames = asdict(data.columns)
     return [
         f"dataset.columns.{name}={renames[name]}: dataset.format={data.format} has no "
@@ -325,11 +361,13 @@ WRITTEN_NAMES = {  # key: its root, where it goes, a plain name (the roots are t
 }
 
 
-def _plain_names(cfg: RunConfig) -> list[str]:
+def _plain_names(cfg: RunConfig, keys: Iterable[str] = ("run.name",)) -> list[str]:
     """A config value that becomes a folder of a written path stays one plain folder name: a
-    slash, `..` or an absolute path would write outside its root."""
+    slash, `..` or an absolute path would write outside its root (dataset.name:
+    data_problems')."""
     problems = []
-    for key, (root, layout, example) in WRITTEN_NAMES.items():
+    for key in keys:
+        root, layout, example = WRITTEN_NAMES[key]
         value = str(attrgetter(key)(cfg))
         parts = value.split("/")
         if value.startswith("/") or ".." in parts:

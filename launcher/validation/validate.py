@@ -15,7 +15,7 @@ from launcher.config.strategies import is_auto
 from launcher.errors import ConfigError
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 from launcher.validation import preflight
-from launcher.validation.rules import config_problems, strategy_problems
+from launcher.validation.rules import config_problems, data_problems, strategy_problems
 
 if TYPE_CHECKING:
     from launcher.estimator.estimate import Estimate
@@ -41,13 +41,15 @@ class Checked:
 
 def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
     """Raise one ConfigError listing every problem; else what the planner needs. dry_run
-    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings."""
-    problems = config_problems(cfg)
+    (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings.
+    preprocess checks only what preprocessing reads (rules.data_problems)."""
     checked = Checked(cfg=cfg, target=target)
     if target == "preprocess":
-        problems += [] if problems else preflight.missing_sources(cfg)
+        problems = data_problems(cfg)
+        problems += [] if problems else preflight.missing_sources(cfg, preflight.DATA_SOURCES)
         problems += [] if problems else preflight.unreadable_data(cfg)
     else:
+        problems = config_problems(cfg)
         if not problems:
             problems += _resolve_strategy(checked)
         if not is_auto(checked.cfg.strategy):

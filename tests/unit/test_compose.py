@@ -84,3 +84,32 @@ def test_own_data_is_evaluated_on_a_share_of_itself_not_on_the_groups_eval_file(
     train, held_out, _ = split_records(cfg)
     assert held_out is not None and len(held_out) == 2 and len(train) == 38
     assert set(held_out["instruction"]) < {row["instruction"] for row in rows}
+
+
+def test_a_presets_evaluation_turns_off_with_one_line_when_there_is_no_eval_set(
+    tmp_path, capsys
+) -> None:
+    """tiny-llama's demo evaluates (eval_steps=50, eval_on_start, show_examples=200); with
+    dataset.eval_fraction=0 and no eval file that is a preset's choice not fitting the data:
+    off, one line naming each and why. A typed value stays (rules._eval refuses it)."""
+    mine = tmp_path / "my.jsonl"
+    mine.write_text('{"instruction": "1+1", "output": "2"}\n')
+    cfg = compose_config([f"dataset.path={mine}", "dataset.eval_fraction=0"])
+    train = cfg.train
+    assert (train.eval_steps, train.eval_on_start, train.show_examples) == (0, False, 0)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "turned off" in line]
+    assert lines == [
+        "ftl: no eval set (dataset.eval_fraction=0 and no dataset.eval_path): the preset's "
+        "train.eval_steps=50, train.eval_on_start=true, train.show_examples=200 turned off, "
+        "with nothing to evaluate on. To evaluate, set dataset.eval_fraction (e.g. 0.05) or "
+        "dataset.eval_path=FILE."]
+    typed = compose_config(["dataset.eval_path=", "dataset.eval_fraction=0",
+                            "train.show_examples=5", "++train.eval_on_start=true"])
+    assert (typed.train.eval_steps, typed.train.eval_on_start,
+            typed.train.show_examples) == (0, True, 5)
+    assert "the preset's train.eval_steps=50 turned off" in capsys.readouterr().err
+    # With an eval set (the default's file, or a share of the data) nothing changes.
+    for overrides in ([], ["dataset.eval_path=", "dataset.eval_fraction=0.1"]):
+        kept = compose_config(overrides).train
+        assert (kept.eval_steps, kept.eval_on_start, kept.show_examples) == (50, True, 200)
+    assert "turned off" not in capsys.readouterr().err

@@ -235,16 +235,59 @@ def test_eight_bit_base_is_refused_not_silently_loaded_in_4_bit() -> None:
     assert "peft.bits=4 with peft=lora" in only_problem(["peft=lora", "peft.bits=4"])
 
 
-def test_evaluation_without_an_eval_set_is_refused() -> None:
-    no_eval = ["dataset.eval_path=", "dataset.eval_fraction=0"]
-    message = only_problem([*no_eval, "train.eval_on_start=true"])
-    assert ("train.eval_steps=50 and train.eval_on_start=true and train.show_examples=200: "
-            "there is no eval set") in message
-    assert "train.show_examples=0 to train without evaluation" in message
-    assert "train.show_examples=3: there is no eval set" in only_problem(
-        [*no_eval, "train.eval_steps=0", "train.eval_on_start=false", "train.show_examples=3"])
-    validate(compose_config([*no_eval, "train.eval_steps=0", "train.eval_on_start=false",
-                             "train.show_examples=0"]), "plan")
+NO_EVAL = ["dataset.eval_path=", "dataset.eval_fraction=0"]
+
+
+@pytest.mark.parametrize(("typed", "off"), [
+    ("train.eval_steps=10", "train.eval_steps=0"),
+    ("train.eval_on_start=true", "train.eval_on_start=false"),
+    ("train.show_examples=5", "train.show_examples=0"),
+])
+def test_evaluation_the_user_typed_without_an_eval_set_is_refused(
+    typed: str, off: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The preset's other two turn off (compose.preset_evaluation_off); the typed one is
+    refused, naming key, value and the fix for it alone."""
+    message = only_problem([*NO_EVAL, typed], "train")
+    assert message.startswith(f"{typed}: there is no eval set"), message
+    assert message.endswith(f"dataset.eval_fraction, or {off} to train without evaluation.")
+    notice = capsys.readouterr().err
+    assert notice.count("turned off") == 1 and typed.split("=")[0] not in notice, notice
+    validate(compose_config([*NO_EVAL, off]), "plan")
+
+
+def test_two_typed_evaluation_settings_are_refused_together() -> None:
+    message = only_problem([*NO_EVAL, "train.eval_steps=7", "train.eval_on_start=true"])
+    assert ("train.eval_steps=7 and train.eval_on_start=true: there is no eval set"
+            in message), message
+    assert "or train.eval_steps=0 train.eval_on_start=false to train without" in message
+
+
+def test_preprocess_checks_only_what_preprocessing_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training's rules do not refuse `ftl preprocess`; the data's do, for every target."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub: a missing source is a problem
+    training = [
+        "precision=fp16", "train.global_batch_size=7", "model.num_heads=3",
+        "dataset.max_length=1024",  # > tiny-llama's 256 positions: the model's, not the data's
+        "train.eval_steps=10", "train.eval_on_start=true", "train.show_examples=-1",
+        "train.callbacks=[{_target_: no_such_module.Callback}]", "run.name=../x",
+        "train.lr=0", "train.hang_timeout_s=10", "train.first_step_timeout_s=1",
+        "train.report_to=[nonsense]", "model.path=/no/such/model",  # tokenizer: assets/
+    ]
+    overrides = [*NO_EVAL, f"run.output_dir={tmp_path}", *training]
+    validate(compose_config(overrides), "preprocess")
+    refused = "\n".join(problems_for(overrides, "plan"))
+    for override in training[:-1]:
+        assert override.split("=")[0] in refused, (override, refused)
+    data = ["dataset.format=tsv", "dataset.max_length=0", "dataset.eval_fraction=1.5",
+            "dataset.name=a/b", "train.micro_batch_size=0", "cluster.gpus_per_node=0"]
+    for override in data:
+        assert override.split("=")[0] in only_problem([override], "preprocess"), override
+    no_tokenizer = only_problem(["model.tokenizer=", "model.path=/no/such/model"],
+                                "preprocess")
+    assert no_tokenizer.startswith("model.path=/no/such/model: not found"), no_tokenizer
 
 
 def test_a_negative_number_of_examples_is_refused() -> None:
