@@ -41,11 +41,11 @@ def verb(name: str, help_text: str, *args: Arg) -> Callable[[Verb], Verb]:
 @verb("plan", "write the run dir and print config, estimate, settings and command; no launch",
       OVERRIDES)
 def cmd_plan(args: argparse.Namespace) -> int:
-    from launcher.run.launch import prepare
+    from launcher.run.launch import create_run
     from launcher.run.planner import render_plan
 
-    prepared = prepare(args.overrides, "plan")
-    print(render_plan(prepared.plan, prepared.launch, prepared.run_dir), end="")
+    built = create_run(args.overrides, "plan")
+    print(render_plan(built.plan, built.launch, built.run_dir), end="")
     return 0
 
 

@@ -11,20 +11,19 @@ import subprocess
 import sys
 
 from launcher.doctor.checks import render
+from launcher.launchers.command import DOCTOR_MODULE, with_module
+from launcher.run.launch import check, write_run
+from launcher.run.planner import resolve_tool
 from launcher.rundir import RunDir
 
 LOG = "doctor.log"
 
 
 def doctor(overrides: list[str], as_json: bool = False) -> int:
-    from launcher.launchers.command import DOCTOR_MODULE, with_module
-    from launcher.run.launch import check, write_run
-    from launcher.run.planner import resolve_tool
-
-    prepared = write_run(check(overrides, "train"), overrides)
-    run_dir = RunDir(prepared.run_dir)
-    launch = with_module(prepared.launch, DOCTOR_MODULE)
-    print(f"ftl doctor: run dir {run_dir.path}; checking {prepared.plan.cfg.world_size} "
+    built = write_run(check(overrides, "train"), overrides)
+    run_dir = RunDir(built.run_dir)
+    launch = with_module(built.launch, DOCTOR_MODULE)
+    print(f"ftl doctor: run dir {run_dir.path}; checking {built.plan.cfg.world_size} "
           "rank(s)", file=sys.stderr, flush=True)
     with (run_dir.logs / LOG).open("wb") as log:
         returncode = subprocess.run(resolve_tool(launch.argv), env={**os.environ, **launch.env},

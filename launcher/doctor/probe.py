@@ -19,12 +19,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.config.architecture import count_params
 from launcher.config.compose import load_run_config
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
+from launcher.data.preprocess import read_prepared
 from launcher.doctor import checks
 from launcher.doctor.bandwidth import measure_world
 from launcher.engines import engine_of
+from launcher.estimator.disk import disk_need
+from launcher.estimator.flops import trainable_params
 from launcher.rank.startup import World, join_world, node_name
 from launcher.rank.worker import exit_now, write_error
 from launcher.rundir import DoctorReport, RunDir
@@ -120,8 +124,6 @@ def shared_dirs(cfg: RunConfig, run_dir: RunDir, world: World, facts: RankFacts)
     other contents), then rank 0 removes them."""
     import torch.distributed as dist
 
-    from launcher.data.preprocess import read_prepared
-
     data_dir = Path(run_dir.read_plan().data_dir or "")
     cache_root = data_dir.parent
     box = [secrets.token_hex(8) if world.rank == 0 else None]
@@ -162,10 +164,6 @@ def sees_token(path: Path, token: str) -> bool:
 
 def write_report(cfg: RunConfig, run_dir: RunDir, reports: list[Any], join_s: float,
                  backend: str) -> None:
-    from launcher.config.architecture import count_params
-    from launcher.estimator.disk import disk_need
-    from launcher.estimator.flops import trainable_params
-
     facts = [fact for fact, _ in reports]
     measured = [m for _, found in reports for m in found]
     preset = gpu_preset(cfg.cluster.gpu)

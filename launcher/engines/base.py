@@ -62,7 +62,7 @@ class Engine:
 
     def universal_settings(self, settings: dict[str, Any]) -> dict[str, Any] | None:
         """The settings a launch loads when it resumes a checkpoint converted for its world
-        size (`resume_source`): final when written, like `settings`."""
+        size (`checkpoint_for_world`): final when written, like `settings`."""
         return None
 
     def moments(self, x: PeakInputs, strategy: StrategyConfig) -> dict[str, Split]:
@@ -77,8 +77,8 @@ class Engine:
 
     # ------------------------------------------------------------ rank side
 
-    def prepare_rank(self, cfg: RunConfig) -> None:
-        """Before anything is imported or built on a rank."""
+    def enter_rank(self, cfg: RunConfig) -> None:
+        """Before anything is imported or built on a rank (release_rank is its pair)."""
 
     def release_rank(self) -> None:
         """What a rank must free on its way out, however it leaves (the worker's finally,
@@ -105,8 +105,8 @@ class Engine:
 
         return TrainingArguments(**kwargs)
 
-    def resume_source(self, cfg: RunConfig, run_dir: RunDir,
-                      resume: Path | None) -> tuple[Path | None, bool]:
+    def checkpoint_for_world(self, cfg: RunConfig, run_dir: RunDir,
+                             resume: Path | None) -> tuple[Path | None, bool]:
         """What the Trainer loads, and whether it is a universal checkpoint (a checkpoint
         of another world size converted for this one)."""
         return resume, False

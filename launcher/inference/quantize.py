@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
+from launcher.inference.chat import check_causal_lm_dir
 from launcher.inference.schemes import GRANULARITIES, SCHEMES
+from launcher.validation.validate import validate
 
 if TYPE_CHECKING:
     from launcher.config.schema import RunConfig
@@ -38,10 +41,6 @@ def check_request(req: Request) -> RunConfig:
     """Every problem with the request and its overrides in one ConfigError, before any work;
     the overrides pass the validation stage as `ftl preprocess`'s (the data's rules, sources
     and rows), since the verb reads the same data."""
-    from launcher.config.compose import compose_config
-    from launcher.inference.chat import check_causal_lm_dir
-    from launcher.validation.validate import validate
-
     problems, cfg = [], None
     try:
         check_causal_lm_dir(req.model_dir)

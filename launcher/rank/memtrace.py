@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.config.compose import cache_home
 from launcher.rundir import PlanRecord, RankMetrics, RunDir
 
 COUNTING_ALLOCATOR_SOURCE = r"""
@@ -97,8 +98,6 @@ class MemtraceUnavailable(RuntimeError):
 
 def library_path(torch_dir: Path, torch_version: str) -> Path:
     """Where the compiled counter for this source and this torch lives."""
-    from launcher.config.compose import cache_home
-
     key = hashlib.sha256(
         f"{COUNTING_ALLOCATOR_SOURCE}\0{torch_version}\0{torch_dir}".encode()
     ).hexdigest()[:16]

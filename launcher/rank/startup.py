@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 
+from launcher.config.compose import load_run_config
 from launcher.config.schema import RunConfig
 from launcher.rundir import RunDir, StartupRecord
 
@@ -126,8 +127,6 @@ def missing_message(cfg: RunConfig, run_dir: RunDir, world: World,
 def diagnose(run_dir: RunDir, head: str | None) -> str | None:
     """Who never started, from RUN_DIR/startup/ alone (a job clears it at each start); None
     when every rank started (the failure came later)."""
-    from launcher.config.compose import load_run_config
-
     cfg = load_run_config(run_dir.config)
     ranks, nodes = run_dir.read_startups(), run_dir.started_nodes()
     silent = [rank for rank in range(cfg.world_size) if rank not in ranks]

@@ -31,7 +31,7 @@ from launcher.rank.training import keep_freed_memory, make_trainer, training_arg
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
 from launcher.rundir import RunDir, RunResult
-from launcher.rundir.checkpoints import checkpoint_step, resume_checkpoint
+from launcher.rundir.checkpoints import checkpoint_step, checkpoint_to_load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
-    engine.prepare_rank(cfg)
+    engine.enter_rank(cfg)
     rank = int(os.environ.get("RANK", "0"))
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
@@ -75,8 +75,8 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     watchdog = start_watchdog(run_dir, cfg.train.hang_timeout_s,
                               cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
                               cleanup=engine.release_rank)
-    resume = resume_checkpoint(cfg.run.resume, run_dir)
-    load_from, universal = engine.resume_source(cfg, run_dir, resume)
+    resume = checkpoint_to_load(cfg.run.resume, run_dir)
+    load_from, universal = engine.checkpoint_for_world(cfg, run_dir, resume)
     # within cluster.startup_timeout_s; accelerate uses this group
     join_world(cfg, run_dir, engine.process_group_backend(on_cpu))
     if on_cpu:

@@ -26,11 +26,15 @@ from launcher.rundir import (
     write_run_dir,
 )
 from launcher.rundir.checkpoints import latest_complete_checkpoint
+from launcher.schedulers.base import get_scheduler
 from launcher.validation.validate import Checked, Target, validate
 
 
 @dataclass(frozen=True)
-class Prepared:
+class BuiltRun:
+    """A run as build_run made it: its plan, and the run dir's path and files (written by
+    write_run, or shown by `ftl submit --dry-run`)."""
+
     plan: Plan
     run_dir: Path
     launch: Launch
@@ -48,19 +52,19 @@ def check(overrides: list[str], target: Target, *, dry_run: bool = False) -> Che
     return checked
 
 
-def prepare(overrides: list[str], target: Target) -> Prepared:
+def create_run(overrides: list[str], target: Target) -> BuiltRun:
     """Compose, validate, plan and (only if all is well) write the run dir."""
     return write_run(check(overrides, target), overrides)
 
 
-def write_run(checked: Checked, overrides: list[str]) -> Prepared:
+def write_run(checked: Checked, overrides: list[str]) -> BuiltRun:
     """The plan's run dir, written in one atomic step (with the job script for submit)."""
-    prepared = build_run(checked, overrides)
-    write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
-    return prepared
+    built = build_run(checked, overrides)
+    write_run_dir(built.run_dir, built.files, executable=built.executable)
+    return built
 
 
-def build_run(checked: Checked, overrides: list[str]) -> Prepared:
+def build_run(checked: Checked, overrides: list[str]) -> BuiltRun:
     """The run dir's path and files, the job script's included; writes nothing."""
     timing.mark("data_ready")  # `ftl train` prepares the tokenized data after check()
     plan = make_plan(checked)
@@ -70,8 +74,6 @@ def build_run(checked: Checked, overrides: list[str]) -> Prepared:
     files = run_dir_files(plan, launch, overrides)
     executable = [LAUNCH_SCRIPT]
     if checked.target == "submit":
-        from launcher.schedulers.base import get_scheduler
-
         scheduler = get_scheduler(cfg.cluster.scheduler)
         tool = Path(resolve_tool(launch.argv)[0])  # the venv's, else a bare name on PATH
         script = job_script_name(scheduler.name)
@@ -82,34 +84,34 @@ def build_run(checked: Checked, overrides: list[str]) -> Prepared:
     if plan.resume_from is not None:
         print(f"ftl: run.resume={cfg.run.resume} continues from {plan.resume_from}",
               file=sys.stderr)
-    return Prepared(plan, run_dir, launch, files, tuple(executable))
+    return BuiltRun(plan, run_dir, launch, files, tuple(executable))
 
 
-def run_local(prepared: Prepared) -> int:
+def run_local(built: BuiltRun) -> int:
     """Start the launcher and watch it (launcher/run/supervise.py: Ctrl-C and SIGTERM stop at a
     step boundary after a checkpoint); on failure say which rank failed and where its log is.
     Exit status: 0 finished, STOPPED_EXIT stopped and resumable, HUNG_EXIT ended by the
     ranks' hang watchdog (where each rank was is printed; resumable), ABORTED_EXIT aborted."""
-    run_dir = RunDir(prepared.run_dir)
+    run_dir = RunDir(built.run_dir)
     print(f"ftl train: run dir {run_dir.path} (per-rank logs in {run_dir.logs})", flush=True)
     started = timing.process_start_time()
     if started is not None:
         timing.MARKS.mark(timing.FIRST_MARK, started)
     timing.mark("spawn")
     # The ranks report start-up from this process's start (launcher/timing.py).
-    env = {**os.environ, **prepared.launch.env,
+    env = {**os.environ, **built.launch.env,
            **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
-    returncode, aborted = supervise(resolve_tool(prepared.launch.argv), env, run_dir)
+    returncode, aborted = supervise(resolve_tool(built.launch.argv), env, run_dir)
     if aborted:
         print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "
               "(if any) is where the same command resumes.", file=sys.stderr, flush=True)
         return ABORTED_EXIT
     if returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
-        if prepared.plan.cfg.train.show_examples > 0:
+        if built.plan.cfg.train.show_examples > 0:
             from launcher.inference.examples import show_examples  # torch: only now
 
-            show_examples(prepared.plan.cfg, run_dir)
+            show_examples(built.plan.cfg, run_dir)
         return 0
     if returncode == 0:
         print(
@@ -119,7 +121,7 @@ def run_local(prepared: Prepared) -> int:
             flush=True,
         )
         return STOPPED_EXIT
-    hung = hang_lines(run_dir, prepared.plan.cfg.world_size)
+    hung = hang_lines(run_dir, built.plan.cfg.world_size)
     if hung:
         print("\n".join(["ftl train: " + hung[0], *hung[1:], hang_resume_line(run_dir)]),
               file=sys.stderr, flush=True)

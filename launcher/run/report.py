@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher.config.compose import load_run_config
 from launcher.errors import DataError
+from launcher.estimator.flops import run_flops, run_seconds
 from launcher.estimator.memory import GIB
 from launcher.estimator.peak import RANK0_MOMENTS, other_ranks_peak
 from launcher.rundir import METRICS, MetricsEvent, PlanRecord, RankMetrics, RunDir
@@ -139,9 +141,6 @@ def _time_lines(files: RunDir, history: list[MetricsEvent]) -> list[str]:
     lines = [f"measured train time: {final[-1]['train_runtime']:.1f} s"]
     tokens = final[-1].get("num_input_tokens_seen")
     if tokens and files.config.is_file():  # the estimator's time for them, as `ftl estimate`'s
-        from launcher.config.compose import load_run_config
-        from launcher.estimator.flops import run_flops, run_seconds
-
         cfg = load_run_config(files.config)
         seconds = run_seconds(cfg, run_flops(cfg, tokens))
         lines.append(f"estimated train time for those {tokens} tokens: {seconds:.1f} s")

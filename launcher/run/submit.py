@@ -9,20 +9,19 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 import launcher.schedulers.base
 from launcher.config.compose import override_key
+from launcher.data.preprocess import read_prepared
 from launcher.errors import ConfigError
 from launcher.run.hang_report import hang_lines
+from launcher.run.launch import BuiltRun, build_run, check, write_run
 from launcher.rundir import STOPPED_EXIT, RunDir, job_script_name, write_file_atomic, write_run_dir
+from launcher.rundir.checkpoints import latest_complete_checkpoint
 from launcher.schedulers.base import SCHEDULERS, JobInfo, Scheduler, get_scheduler
-
-if TYPE_CHECKING:
-    from launcher.run.launch import Prepared
-    from launcher.validation.validate import Checked
+from launcher.validation.validate import Checked
 
 
 def submit(overrides: list[str], dry_run: bool = False, multirun: bool = False) -> int:
@@ -58,8 +57,6 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 def check_jobs(jobs: list[list[str]], dry_run: bool = False) -> list[Checked]:
     """Every problem of every job in one ConfigError, before anything is written."""
-    from launcher.run.launch import check
-
     problems: list[str] = []
     checked: list[Checked] = []
     for job in jobs:
@@ -77,9 +74,6 @@ def submit_checked(
     checked: Checked, overrides: list[str], dry_run: bool
 ) -> tuple[Path, str | None]:
     """Write the run dir (with the job script); submit unless dry_run. -> (run dir, job id)."""
-    from launcher.data.preprocess import read_prepared
-    from launcher.run.launch import build_run, write_run
-
     # the job's rank 0 tokenizes when nobody has: say so, and how to do it here instead
     if checked.data_dir is not None and read_prepared(checked.data_dir) is None:
         print(f"ftl submit: the data is not tokenized yet ({checked.data_dir}): rank 0 of the "
@@ -103,18 +97,18 @@ def submit_checked(
     return run_dir.path, job_id
 
 
-def _dry_run(prepared: Prepared, name: str) -> Path:
+def _dry_run(built: BuiltRun, name: str) -> Path:
     """Print the job script; write the run dir where this machine can (`ftl status` then
     reads it), and say so where it cannot: the script is what the user asked for."""
-    print(prepared.files[name], end="")
+    print(built.files[name], end="")
     try:
-        write_run_dir(prepared.run_dir, prepared.files, executable=prepared.executable)
+        write_run_dir(built.run_dir, built.files, executable=built.executable)
     except OSError as error:
         print(f"# dry run: not submitted; run dir not written here ({error})")
     else:
-        print(f"# dry run: not submitted. run dir: {prepared.run_dir}\n"
-              f"# the job script: {prepared.run_dir / name}")
-    return prepared.run_dir
+        print(f"# dry run: not submitted. run dir: {built.run_dir}\n"
+              f"# the job script: {built.run_dir / name}")
+    return built.run_dir
 
 
 # --- status and cancel -------------------------------------------------------------------
@@ -173,8 +167,6 @@ def status(target: str) -> int:
 
 def run_dir_lines(run_dir: RunDir) -> list[str]:
     """What the run dir says: finished / preempted / progress, checkpoint, logs."""
-    from launcher.rundir.checkpoints import latest_complete_checkpoint
-
     lines = [f"run dir: {run_dir.path}"]
     result, stopped = run_dir.read_result(), run_dir.read_preempted()
     if result is not None and run_dir.is_finished():

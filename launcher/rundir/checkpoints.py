@@ -59,7 +59,7 @@ def latest_in_earlier_runs(run_root: Path) -> Path | None:
     return None
 
 
-def resume_checkpoint(resume: str, run_dir: RunDir) -> Path | None:
+def checkpoint_to_load(resume: str, run_dir: RunDir) -> Path | None:
     """What a rank loads: its own run dir's newest complete checkpoint (a requeued job's),
     else the one the launcher chose and validated (RUN_DIR/resume_from)."""
     if resume == "never":

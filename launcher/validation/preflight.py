@@ -16,6 +16,10 @@ from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.data.datascan import scan_file
 from launcher.data.formats import FORMATS
+from launcher.estimator.disk import disk_need
+from launcher.estimator.memory import GIB
+from launcher.rundir import read_complete_marker
+from launcher.rundir.checkpoints import is_complete, latest_in_earlier_runs
 from launcher.schedulers.base import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:
@@ -116,12 +120,10 @@ def hub_reachable() -> bool:
     return True
 
 
-def resume_from(cfg: RunConfig) -> tuple[Path | None, list[str]]:
+def find_resume_from(cfg: RunConfig) -> tuple[Path | None, list[str]]:
     """What a new launch resumes from (run.resume=PATH, or with auto the newest complete
     checkpoint of an earlier unfinished launch of the same run name), and why this run
     cannot load it."""
-    from launcher.rundir.checkpoints import is_complete, latest_in_earlier_runs
-
     resume = cfg.run.resume
     if resume == "never":
         return None, []
@@ -149,8 +151,6 @@ def _model_parallel_resume(cfg: RunConfig, checkpoint: Path) -> list[str]:
     """A checkpoint of a tensor- or sequence-parallel run resumes only on its own layout:
     DeepSpeed's universal conversion of AutoTP shards is not supported here, and the
     Ulysses loader's position in the data is not converted (not measured)."""
-    from launcher.rundir import read_complete_marker
-
     marker = read_complete_marker(checkpoint)
     if marker is None:
         return []
@@ -184,8 +184,6 @@ def output_checks(cfg: RunConfig, estimate: Estimate | None) -> tuple[list[str],
         here = [f"{key}: {base} is not writable by this user. Fix: another run.output_dir."]
     if estimate is None:
         return here, []
-    from launcher.estimator.disk import disk_need
-    from launcher.estimator.memory import GIB
 
     need = disk_need(cfg, estimate.params, estimate.trainable_params)
     free = shutil.disk_usage(base).free
@@ -211,7 +209,6 @@ def host_memory_problems(cfg: RunConfig, estimate: Estimate | None) -> list[str]
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if row.host_bytes <= total:
         return []
-    from launcher.estimator.memory import GIB
 
     return [
         f"strategy={cfg.strategy.name}: the offloaded states need {row.host_bytes / GIB:.1f} "

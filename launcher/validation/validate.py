@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Literal
 from launcher.config.report_to import tracker_problems
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import is_auto
+from launcher.data.preprocess import data_dir
 from launcher.errors import ConfigError
+from launcher.estimator.auto import choose, model_parallel_layout, nothing_fits, rejection, resolve
+from launcher.estimator.disk import measured_save_time, save_time_estimate
+from launcher.estimator.estimate import estimate
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 from launcher.validation import preflight
 from launcher.validation.rules import config_problems, data_problems, strategy_problems
@@ -59,17 +63,12 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
     if problems:
         raise ConfigError(problems)
     if target in ("train", "submit", "preprocess"):
-        from launcher.data.preprocess import data_dir
-
         checked.data_dir = data_dir(checked.cfg)
     return checked
 
 
 def _resolve_strategy(checked: Checked) -> list[str]:
     """One estimate; for strategy=auto the fastest strategy that fits."""
-    from launcher.estimator.auto import choose, model_parallel_layout, nothing_fits, resolve
-    from launcher.estimator.estimate import estimate
-
     cfg = checked.cfg
     checked.estimate = estimate(cfg)
     if not is_auto(cfg.strategy) or checked.target == "estimate":
@@ -101,7 +100,7 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     (checked.warnings if dry_run else problems).extend(here)
     # a tracker's package and credential: this environment's, which a batch job inherits
     (checked.warnings if dry_run else problems).extend(tracker_problems(cfg))
-    checked.resume_from, resume_problems = preflight.resume_from(cfg)
+    checked.resume_from, resume_problems = preflight.find_resume_from(cfg)
     problems += resume_problems
     if checked.target == "submit" and not problems:  # not for an unregistered scheduler
         checked.warnings += _scheduler_warnings(checked)
@@ -120,8 +119,6 @@ def _scheduler_problems(cfg: RunConfig) -> list[str]:
 
 def _scheduler_warnings(checked: Checked) -> list[str]:
     """Given a checkpoint's save time: measured by the run this one resumes, else estimated."""
-    from launcher.estimator.disk import measured_save_time, save_time_estimate
-
     cfg, est, resume = checked.cfg, checked.estimate, checked.resume_from
     if est is None:
         return []
@@ -135,8 +132,6 @@ def _fit_problems(checked: Checked) -> list[str]:
     row = est.row(cfg.strategy.name) if est is not None else None
     if row is None or row.fits or cfg.run.force:
         return []
-    from launcher.estimator.auto import rejection
-
     return [  # the same verdict strategy=auto gives each rung it passes over
         f"strategy={cfg.strategy.name}: {rejection(cfg, row)}. Fix: see `ftl estimate` for "
         "a strategy that fits (or strategy=auto), peft=lora, more GPUs, or run.force=true to "

@@ -1,5 +1,5 @@
 """Real multi-process runs for the integration tests, through the launcher's own path:
-compose -> validate(target="train") -> planner -> atomic run dir (launcher.run.launch.prepare),
+compose -> validate(target="train") -> planner -> atomic run dir (launcher.run.launch.create_run),
 then the run dir's own command (torchrun or deepspeed) starts the ranks.
 
 Evidence comes from probes the tests inject with `train.callbacks`
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.run.launch import Prepared, prepare
+from launcher.run.launch import BuiltRun, create_run
 from launcher.run.planner import resolve_tool
 from launcher.rundir import RunDir
 
@@ -136,11 +136,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def plan_run(root: Path, name: str, overrides: list[str]) -> Prepared:
+def plan_run(root: Path, name: str, overrides: list[str]) -> BuiltRun:
     """The run dir `ftl train` would write: root/name/<timestamp>. Planned from the
     project root, where the ranks start (the probes' module is checked from there)."""
     with contextlib.chdir(PROJECT_ROOT):
-        return prepare(
+        return create_run(
             [*FAST_TRAIN, f"cluster.master_port={free_port()}", f"run.output_dir={root}",
              f"run.name={name}", *overrides],
             "train",
@@ -158,21 +158,21 @@ SHM = Path("/dev/shm")
 SHM_PATTERN = f"deepspeed_allreduce_buffer_{os.getuid()}_*"
 
 
-def launch(prepared: Prepared) -> Run:
+def launch(built: BuiltRun) -> Run:
     """Start the ranks with the run dir's own argv and wait; output captured. The ranks
     start in the project root, so the injected probes import as tests.integration.probes."""
-    env = project_env(prepared.launch.env)
+    env = project_env(built.launch.env)
     shm_before = set(SHM.glob(SHM_PATTERN))
     start = time.monotonic()
     proc = subprocess.run(
-        resolve_tool(prepared.launch.argv), cwd=PROJECT_ROOT, env=env, capture_output=True,
+        resolve_tool(built.launch.argv), cwd=PROJECT_ROOT, env=env, capture_output=True,
         text=True, timeout=RUN_TIMEOUT_S,
     )
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
-    (prepared.run_dir / "launcher-output.txt").write_text(output)
+    (built.run_dir / "launcher-output.txt").write_text(output)
     shm_left = set(SHM.glob(SHM_PATTERN)) - shm_before
-    return Run(prepared.run_dir, proc.returncode, seconds, output, shm_left)
+    return Run(built.run_dir, proc.returncode, seconds, output, shm_left)
 
 
 def train(root: Path, name: str, overrides: list[str]) -> Run:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.run.launch import prepare
+from launcher.run.launch import create_run
 from tests.integration.runs import free_port, project_env
 
 pytestmark = pytest.mark.slow
@@ -78,9 +78,9 @@ def test_ftl_doctor_on_two_cpu_ranks_measures_gloo_and_passes(tmp_path: Path) ->
 def planned(tmp_path: Path, *overrides: str) -> Path:
     """The run dir `ftl plan` writes (in this process: no second interpreter to start)."""
     with contextlib.chdir(PROJECT_ROOT), redirect_stderr(StringIO()):
-        prepared = prepare([f"run.output_dir={tmp_path / 'out'}", "cluster.gpus_per_node=2",
+        built = create_run([f"run.output_dir={tmp_path / 'out'}", "cluster.gpus_per_node=2",
                             *overrides], "plan")
-    return prepared.run_dir
+    return built.run_dir
 
 
 def start_rank(rank: int, run_dir: Path, port: int) -> subprocess.Popen[str]:

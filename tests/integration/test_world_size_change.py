@@ -113,10 +113,10 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         if layout is REFERENCE:
             checkpoint = reference.run_dir / "checkpoints" / f"checkpoint-{end}"
             continue
-        prepared = plan_run(runs_root, name,
+        built = plan_run(runs_root, name,
                             [*mine, *layout, *link_overrides(chain, index, end, checkpoint)])
-        assert prepared.plan.resume_from == checkpoint
-        run = launch(prepared)
+        assert built.plan.resume_from == checkpoint
+        run = launch(built)
         seconds += run.seconds
         assert run.returncode == 0, describe_failure(run)
         (record,) = run.launches()

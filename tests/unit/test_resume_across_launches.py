@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.rundir import RunDir, write_complete_marker
-from launcher.rundir.checkpoints import latest_in_earlier_runs, resume_checkpoint
+from launcher.rundir.checkpoints import checkpoint_to_load, latest_in_earlier_runs
 
 
 def checkpoint(run: Path, step: int, complete: bool = True) -> Path:
@@ -38,8 +38,8 @@ def test_own_checkpoints_come_before_the_recorded_earlier_one(tmp_path: Path) ->
     run = tmp_path / "20260102-000000"
     run.mkdir()
     RunDir(run).resume_from.write_text(f"{earlier}\n")
-    assert resume_checkpoint("auto", RunDir(run)) == earlier
+    assert checkpoint_to_load("auto", RunDir(run)) == earlier
     own = checkpoint(run, 6)  # e.g. a requeued Slurm job saved since
-    assert resume_checkpoint("auto", RunDir(run)) == own
-    assert resume_checkpoint(str(earlier), RunDir(run)) == own  # a requeue keeps going
-    assert resume_checkpoint("never", RunDir(run)) is None
+    assert checkpoint_to_load("auto", RunDir(run)) == own
+    assert checkpoint_to_load(str(earlier), RunDir(run)) == own  # a requeue keeps going
+    assert checkpoint_to_load("never", RunDir(run)) is None

@@ -85,7 +85,7 @@ class DeepSpeedEngine(Engine):
 
     # ------------------------------------------------------------ rank side
 
-    def prepare_rank(self, cfg: RunConfig) -> None:
+    def enter_rank(self, cfg: RunConfig) -> None:
         from launcher.engines.deepspeed import ops
 
         # Before DeepSpeed builds or loads an op: this environment's build cache, and a
@@ -145,8 +145,8 @@ class DeepSpeedEngine(Engine):
         with _bf16_check_asks_deepspeed() if bf16_on_cpu else contextlib.nullcontext():
             return super().training_arguments(kwargs, cfg, on_cpu)
 
-    def resume_source(self, cfg: RunConfig, run_dir: RunDir,
-                      resume: Path | None) -> tuple[Path | None, bool]:
+    def checkpoint_for_world(self, cfg: RunConfig, run_dir: RunDir,
+                             resume: Path | None) -> tuple[Path | None, bool]:
         """A ZeRO checkpoint from another world size is converted first (universal.py),
         before the process group exists."""
         from launcher.engines.deepspeed.universal import needs_universal, universal_resume

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config.architecture import count_params
+from launcher.config.compose import compose_config
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import PrecisionConfig, RunConfig
 from launcher.config.strategies import concrete_strategies
@@ -181,8 +182,6 @@ def deepspeed_strategies() -> tuple[str, ...]:
 
 def reference_config(strategy: str, precision: str) -> RunConfig:
     """The reference run that ds_configs/ is generated from (llama-7b, 1 node x 8 A100-80G)."""
-    from launcher.config.compose import compose_config
-
     return compose_config(["model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
                            f"strategy={strategy}", f"precision={precision}"])
 
