@@ -11,7 +11,7 @@ no tqdm), so the ratio measures only what the launcher adds: its callbacks, toke
 TensorBoard, the run-dir bookkeeping and its start-up. The DeepSpeed config is "auto"
 everywhere the Trainer fills it, with ftl's own zero_optimization block (SPEC.json's; its
 bucket sizes decide how ZeRO-2 overlaps, so leaving DeepSpeed's 5e8 default would measure
-another training); on CPU accelerate's state must be pre-configured (docs/stack-notes.md)
+another training); on CPU accelerate's state must be pre-configured (docs/evidence/stack.md)
 or DeepSpeed runs each rank alone.
 
 Timing comes from bench.callbacks.StepClock, the same callback `ftl train` gets injected.
@@ -128,7 +128,7 @@ def main() -> None:
     if eval_ds is not None:
         trainer.evaluate()
     trainer.save_model(str(Path(spec["output_dir"]) / "model"))
-    # A multi-rank gloo run can abort in interpreter teardown (docs/stack-notes.md).
+    # A multi-rank gloo run can abort in interpreter teardown (docs/evidence/stack.md).
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -19,7 +19,7 @@ The table puts those beside launcher/estimator/memory.py's figures for the same 
 
 Run: `.venv/bin/python bench/memory_breakdown.py [--strategies ddp zero1 ...] [--keep DIR]`
 (one run at a time, ~1.5-3 min each on 2 cores). Writes bench/results/memory_breakdown.json
-and prints the table (docs/memory-notes.md holds a copy and what it means). LoRA runs:
+and prints the table (docs/evidence/memory.md holds a copy and what it means). LoRA runs:
 `--extra peft=lora --out bench/results/memory_breakdown_lora.json` (section 12 there; the
 est_params/grads/optimizer parts stay full fine-tuning's accounting, est_moments is peak.py's).
 """

@@ -8,7 +8,7 @@
 #
 # Idempotent: `up` on a running cluster with the same config returns at once. The config
 # goes to /etc/slurm/slurm.conf (where sbatch/sinfo look); an existing config that this
-# script did not write is never overwritten. Settings and why: docs/stack-notes.md
+# script did not write is never overwritten. Settings and why: docs/evidence/stack.md
 # ("A real Slurm on one host"). Debian 12 packages (slurm 22.05).
 set -euo pipefail
 

@@ -297,7 +297,7 @@ class TrainConfig:
     'ftlaunch[wandb]') also get the resolved config, strategy, world size, estimate and
     start-up times, and one run spans every launch (its id: RUN_DIR/trackers.json).
     Credentials and servers come from the environment only (WANDB_API_KEY, WANDB_MODE,
-    WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; README, "Trackers")."""
+    WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; docs/guide.md, "Trackers")."""
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """What one data row means, per `dataset.format`: a conversation or raw text pieces (each
-format's row and what is trained: the table in README "Data"); `dataset.columns` renames the
+format's row and what is trained: the table in docs/guide.md "Data"); `dataset.columns` renames the
 fields, e.g. `dataset.columns.messages=conversation`.
 Pure and light (no `datasets`, no tokenizer): datascan.py and encode.py apply its rules.
 """

@@ -70,7 +70,7 @@ def lora_ddp_moments(x: PeakInputs, lo: LoraInputs) -> dict[str, Split]:
     if x.p == 2 and lo.base_bytes == 4:  # fp32 base under fp16 autocast (derived): the
         # forward saves a 16-bit copy of each frozen weight for the backward, which frees
         # them (autocast caches only weights that require grad; measured for ddp in bf16:
-        # nothing of it is left between steps, docs/memory-notes.md section 11)
+        # nothing of it is left between steps, docs/evidence/memory.md section 11)
         d, h = moments["forward_backward"]
         moments["forward_backward"] = (d + 2.0 * x.psi + x.autocast_acts, h)
     between = moments["between_steps"]

@@ -53,7 +53,7 @@ def _tensor_parallel(cfg: RunConfig) -> list[str]:
 
 def _sequence_parallel(cfg: RunConfig) -> list[str]:
     """parallel.sp (Ulysses): each rank of a group attends with num_heads / sp heads over
-    the whole sequence; KV heads are split or replicated to match (docs/stack-notes.md)."""
+    the whole sequence; KV heads are split or replicated to match (docs/evidence/stack.md)."""
     sp, model, kv = cfg.parallel.sp, cfg.model, cfg.model.num_kv_heads
     if sp == 1:
         return []

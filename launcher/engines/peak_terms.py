@@ -1,6 +1,6 @@
 """The terms every engine's peak-memory moments (launcher/engines/*) are written in: what
 one rank holds at one point of a run, as (device, host) bytes. Every formula was measured on 2
-CPU ranks in fp32 (102M Llama, docs/memory-notes.md sections 3-5) unless its comment says
+CPU ranks in fp32 (102M Llama, docs/evidence/memory.md sections 3-5) unless its comment says
 "derived": 16-bit figures and the GPU/host split of offloaded states follow the engines'
 code paths.
 
@@ -63,7 +63,7 @@ def adam_temporaries(x: PeakInputs, numel: float, flat: bool) -> float:
 class LoraInputs:
     """What a LoRA run holds beyond PeakInputs (whose psi stays the base's parameters and
     whose acts are lora_activation_bytes). Measured on 2 CPU ranks in fp32, q/k/v/o
-    adapters (docs/memory-notes.md section 12); the 16-bit byte widths are derived."""
+    adapters (docs/evidence/memory.md section 12); the 16-bit byte widths are derived."""
 
     adapters: int
     """a: the trainable parameters (flops.adapter_params)."""

@@ -1,5 +1,5 @@
 """Model states (the "states" column: what the DeepSpeed engine or torch DDP holds as the
-optimizer step starts, and the offloaded host RAM per node; docs/memory-notes.md, "Engine
+optimizer step starts, and the offloaded host RAM per node; docs/evidence/memory.md, "Engine
 accounting"), activations (fitted to live tensor bytes, 2 CPU ranks, fp32: section 4;
 Korthikanti et al. 2022's s*b*h*(34 + 5as/h) per layer was the estimator before) and the
 framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure arithmetic.
@@ -50,7 +50,7 @@ def engine_model_state_parts(
     offload_param: bool = False,
     param_bytes: int = 2,
 ) -> dict[str, float]:
-    """Bytes per GPU the engine holds at its peak, by kind (docs/memory-notes.md, "Engine
+    """Bytes per GPU the engine holds at its peak, by kind (docs/evidence/memory.md, "Engine
     accounting").
 
     Keys: params, grads, optimizer (fp32 master + Adam m, v), gathered (ZeRO-3's working
@@ -137,11 +137,11 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
 
 def layer_activation_elements(model: ModelConfig, tp: int = 1, sp: int = 1) -> float:
     """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
-    docs/memory-notes.md section 4): ~8h (norm outputs, q, rotary products, attention output
+    docs/evidence/memory.md section 4): ~8h (norm outputs, q, rotary products, attention output
     and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product).
     Tensor parallelism splits all but the two norm outputs (derived). Sequence parallelism
     (per token of the rank's slice) adds q, k, v and the attention output in Ulysses's
-    head-split layout, which sdpa keeps besides the slice's own (docs/memory-notes.md)."""
+    head-split layout, which sdpa keeps besides the slice's own (docs/evidence/memory.md)."""
     h = model.hidden_size
     kv = h // model.num_heads * model.num_kv_heads
     ulysses = 2 * h + 2 * kv if sp > 1 else 0
@@ -185,7 +185,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
     """Activations of one micro batch when the forward returns, LoRA (frozen base) runs.
 
     Measured (fp32 CPU, q/k/v/o adapters: 91.9M against 89.3M for full fine-tuning,
-    docs/memory-notes.md section 12) and counted per op with saved-tensor hooks: a frozen
+    docs/evidence/memory.md section 12) and counted per op with saved-tensor hooks: a frozen
     linear keeps nothing for backward (its input gradient needs only the weight), so the
     norms' outputs, o_proj's and down_proj's inputs are not kept; what stays per layer is
     the two norms' inputs (2h), SDPA's q, k, v and output (2h + 2 kv), the MLP's gate, up

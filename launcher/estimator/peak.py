@@ -36,7 +36,7 @@ RANK0_MOMENTS = ("checkpoint", "final")
 """Moments only rank 0 reaches (it gathers or merges what it saves); the other ranks'
 counterparts are `<moment>_other_ranks`. "final" (the final eval and save) exists for LoRA
 runs only: their merged save peaks above every training step (measured); full
-fine-tuning's stays below its other moments (docs/memory-notes.md section 2)."""
+fine-tuning's stays below its other moments (docs/evidence/memory.md section 2)."""
 
 
 def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:

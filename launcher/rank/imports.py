@@ -15,7 +15,7 @@ def import_stack(cfg: RunConfig, engine: Engine) -> None:
     """Import the stack this run uses now, so the imports show as a phase of their own
     instead of inflating whichever step needs them first. transformers.trainer also imports
     every optional library that is installed (datasets, peft, and through peft bitsandbytes:
-    docs/stack-notes.md, "Import costs"); the ranks leave that to the libraries."""
+    docs/evidence/stack.md, "Import costs"); the ranks leave that to the libraries."""
     if cfg.peft.name != "qlora":
         # bitsandbytes' import warns on CPUs with AVX512-BF16 that its faster 4-bit kernel
         # needs `pip install kernels`: a hint for QLoRA, noise in every other run's log.

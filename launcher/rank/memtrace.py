@@ -5,7 +5,7 @@ keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator wit
 COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler into the cache, loaded
 with ctypes; +0.06-0.09 us per allocation).
 Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
-docs/memory-notes.md. Without a compiler the CPU figure is None and only RSS is recorded.
+docs/evidence/memory.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
 
 from __future__ import annotations

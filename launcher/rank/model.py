@@ -20,7 +20,7 @@ def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any) -> Any:
     shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
     launcher/engines/fsdp/settings.py). Else every rank built (or read) the whole model on
     its host first, N copies per node (transformers 5.24's from_pretrained has no
-    rank-0-only path for FSDP: docs/stack-notes.md)."""
+    rank-0-only path for FSDP: docs/evidence/stack.md)."""
     from transformers import AutoModelForCausalLM, set_seed
 
     set_seed(cfg.train.seed)  # identical initial weights on every rank

@@ -139,7 +139,7 @@ def finish(engine: Engine) -> NoReturn:
     """Leave once every file is written: a barrier (not cut short: rank 0 may still save a
     large model), the engine's per-rank resources, then os._exit from inside train():
     returning freed the trainer, whose gloo group twice deadlocked in its destructor with
-    result.json written (docs/stack-notes.md)."""
+    result.json written (docs/evidence/stack.md)."""
     if dist.is_available() and dist.is_initialized():
         faulthandler.dump_traceback_later(600.0)  # a stuck barrier's stacks go to stderr
         dist.barrier()
@@ -190,7 +190,7 @@ def write_error(run_dir: RunDir, text: str) -> None:
 
 def exit_now(code: int) -> None:
     """Leave without interpreter teardown once everything is written: teardown can still
-    abort (SIGABRT with DeepSpeed on gloo, docs/stack-notes.md), failing a finished run."""
+    abort (SIGABRT with DeepSpeed on gloo, docs/evidence/stack.md), failing a finished run."""
     logging.shutdown()
     exit_without_teardown(code)
 

@@ -180,7 +180,7 @@ def track_everything(monkeypatch: pytest.MonkeyPatch, store: Path) -> str:
     uri = f"file://{store}"
     settings = {"WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": uri,
                 # MLflow 3 refuses a file store unless told (the sqlite default costs a
-                # ~10 s schema migration on 2 cores: docs/stack-notes.md)
+                # ~10 s schema migration on 2 cores: docs/evidence/stack.md)
                 "MLFLOW_ALLOW_FILE_STORE": "true", **SECRETS}
     for key, value in settings.items():
         monkeypatch.setenv(key, value)

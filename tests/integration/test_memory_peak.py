@@ -12,14 +12,14 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   ZeRO-3 sharding over both; `make test-full` only).
 `make test` runs ddp, zero2, zero3 and fsdp (SHORT); `make test-full` all twelve (zero1-tp2
 among them: TP's training, save and resume are test_tensor_parallel.py's, its memory figure
-is docs/memory-notes.md's).
+is docs/evidence/memory.md's).
 Activations are
   measured as live bytes at the forward's end minus at the step's begin
   (tests/integration/probes.LiveBytesProbe), in strategies that hold nothing else then
   (ddp, zero1/2 before any gradient exists, zero2_offload: equal to within 4 KiB when
-  measured side by side, docs/memory-notes.md section 4).
+  measured side by side, docs/evidence/memory.md section 4).
 LoRA (peft=lora, frozen base) runs under ddp, zero3 and fsdp (LORA_RUNS): their own
-moments (docs/memory-notes.md section 12), whose rank-0 peak is the final merged save.
+moments (docs/evidence/memory.md section 12), whose rank-0 peak is the final merged save.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from launcher.rundir import RunDir
 pytestmark = pytest.mark.slow
 
 MODEL = ["model.hidden_size=1024", "model.num_layers=4", "model.intermediate_size=2752"]
-"""The ~52M Llama (psi = 51,651,584; vocab 512): docs/memory-notes.md's 102M Llama with half
+"""The ~52M Llama (psi = 51,651,584; vocab 512): docs/evidence/memory.md's 102M Llama with half
 its layers. Every term the estimate adds per layer (states, activations) halves with it, so
 their shares of the peak stay as measured there; the per-tensor terms (largest tensor,
 buckets, ZeRO-3's live parameters) keep their size and weigh twice as much. Its steps and
-checkpoint cost half the 8-layer model's; both measured side by side: docs/memory-notes.md."""
+checkpoint cost half the 8-layer model's; both measured side by side: docs/evidence/memory.md."""
 # Two steps: step 2 is a steady-state step (Adam's states exist since step 1's update), the
 # LiveBytesProbe's, and its save is the checkpoint moment.
 SHAPE = ["train.max_steps=2", "train.save_steps=2", "train.eval_steps=0",

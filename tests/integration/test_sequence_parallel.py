@@ -10,7 +10,7 @@ run on 2 data-parallel ranks (test_train_strategies.py, global batch 8 = 4 x 1 x
 losses test_world_size_change.py shows equal to one process's (1 x 4 x 2): the same
 weights at the start (zero.Init's, which differ from a plain build's) and the same batches.
 Here the global batch is one micro batch of 8 (grad_accum 1): under Ulysses the Trainer
-weights accumulated micro batches equally, not by their tokens (docs/stack-notes.md), so
+weights accumulated micro batches equally, not by their tokens (docs/evidence/stack.md), so
 only a single micro batch per step is the token-weighted batch of the reference.
 """
 

@@ -130,7 +130,7 @@ def engine_gib(stage: int, offload_optimizer: bool = False, offload_param: bool 
 
 
 def test_engine_accounting_matches_what_deepspeed_printed_for_7b_on_8_gpus() -> None:
-    """DeepSpeed's estimators for 6.74e9 params, largest layer 131M, 1x8 (docs/stack-notes.md):
+    """DeepSpeed's estimators for 6.74e9 params, largest layer 131M, 1x8 (docs/evidence/stack.md):
     ZeRO-2 26.68 GiB per GPU, 12.55 with optimizer offload; ZeRO-3 14.61, 2.06 with optimizer
     offload, 0.49 with both offloaded."""
     assert engine_gib(2) == 26.68 and engine_gib(2, True) == 12.55

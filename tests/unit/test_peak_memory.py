@@ -7,7 +7,7 @@ CPU figures: live tensor bytes (launcher/rank/memtrace.py's counting allocator) 
     .venv/bin/python bench/memory_breakdown.py --profile
     .venv/bin/python bench/memory_breakdown.py --strategies zero2_offload zero3_offload \\
         fsdp_offload
-(bench/results/memory_breakdown.json; docs/memory-notes.md sections 2-5). GPU figures:
+(bench/results/memory_breakdown.json; docs/evidence/memory.md sections 2-5). GPU figures:
 CUDA max_memory_allocated of bench/gpu.sh on one NVIDIA H200 (bench/results/gpu.json).
 The published references (ZeRO paper, DeepSpeed's estimators) stay in test_estimate.py.
 """
@@ -78,7 +78,7 @@ MEASURED_ACTIVATIONS = {
 }
 # cpu preset, bf16 (ddp: fp32 weights under autocast; DeepSpeed and FSDP2: 16-bit working
 # params), the same model and batch: `bench/memory_breakdown.py --strategies ddp zero2 zero3
-# fsdp --extra precision=bf16` (docs/memory-notes.md section 11).
+# fsdp --extra precision=bf16` (docs/evidence/memory.md section 11).
 # (steady, first step, construction, checkpoint rank 0, checkpoint rank 1)
 MEASURED_BF16 = {
     "ddp": (2_078_895_432, 2_078_756_100, 818_036_858, 1_636_069_628, 1_636_069_628),
@@ -286,7 +286,7 @@ def test_a_zero_stage_without_moments_is_a_clear_error() -> None:
 #     .venv/bin/python bench/memory_breakdown.py --profile --extra peft=lora \
 #         --strategies ddp zero1 zero2 zero3 fsdp zero2_offload zero3_offload fsdp_offload \
 #         --out bench/results/memory_breakdown_lora.json
-# (docs/memory-notes.md section 12). Bytes per rank, both ranks equal unless a pair is given.
+# (docs/evidence/memory.md section 12). Bytes per rank, both ranks equal unless a pair is given.
 LORA = [*CPU_MODEL, "peft=lora"]
 LORA_STEADY = {
     "ddp": 521_407_516, "zero1": 515_582_360, "zero2": 515_582_360, "zero3": 900_407_001,

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO 1/2/3 (with CPU offload): its ds_config (ds_config.py), peak-memory
 moments (moments.py), resume on another world size (universal.py) and the CPU
-workarounds of its ranks (docs/stack-notes.md)."""
+workarounds of its ranks (docs/evidence/stack.md)."""
 
 from __future__ import annotations
 
@@ -48,13 +48,13 @@ class DeepSpeedEngine(Engine):
     def tensor_parallel_problems(self, cfg: RunConfig) -> list[str]:
         strategy = cfg.strategy
         if not (strategy.offload_optimizer or strategy.offload_param):
-            return []  # AutoTP under ZeRO 1/2/3: docs/stack-notes.md
+            return []  # AutoTP under ZeRO 1/2/3: docs/evidence/stack.md
         return [f"parallel.tp={cfg.parallel.tp} with strategy={strategy.name}: AutoTP with "
                 "offload is not supported here. Fix: strategy=zero1, zero2 or zero3."]
 
     def sequence_parallel_problems(self, cfg: RunConfig) -> list[str]:
         """Ulysses is measured right under ZeRO-3 only: under ZeRO-1/2 its gradients come
-        out sp times too large (docs/stack-notes.md)."""
+        out sp times too large (docs/evidence/stack.md)."""
         strategy, sp, problems = cfg.strategy, cfg.parallel.sp, []
         if strategy.zero_stage != 3:
             problems.append(

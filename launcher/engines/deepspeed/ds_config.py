@@ -81,7 +81,7 @@ def build_ds_config(cfg: RunConfig) -> dict[str, Any]:
     if cfg.parallel.tp > 1:
         # AutoTP: the Trainer reads autotp_size and splits the linears. Its HF weights are
         # saved only when the 16-bit weights are gathered on save, whatever the stage
-        # (docs/stack-notes.md). train_batch_size is left out: the Trainer's mismatch check
+        # (docs/evidence/stack.md). train_batch_size is left out: the Trainer's mismatch check
         # and accelerate (ZeRO-3) compute it from the world size, without tp; DeepSpeed
         # derives it from the data-parallel size.
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
@@ -157,7 +157,7 @@ def bucket_elements(cfg: RunConfig) -> int:
 def _optimizer_blocks(cfg: RunConfig) -> dict[str, Any]:
     """GPU: DeepSpeed's AdamW (fused / CPU-Adam) driven by the HF scheduler. cpu, or
     train.optimizer=torch: the Trainer's torch AdamW (fused on GPUs), so no FusedAdam or
-    DeepSpeedCPUAdam has to be compiled (docs/stack-notes.md: ~40 s each with ninja)."""
+    DeepSpeedCPUAdam has to be compiled (docs/evidence/stack.md: ~40 s each with ninja)."""
     train = cfg.train
     if gpu_preset(cfg.cluster.gpu).is_cpu or train.optimizer == "torch":
         # The Trainer's torch AdamW; the HF integration sets zero_allow_untested_optimizer

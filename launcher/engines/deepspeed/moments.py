@@ -41,7 +41,7 @@ def zero12_moments(x: PeakInputs, stage: int, offload: bool) -> dict[str, Split]
     partitions = (device, host - adam) if offload else (device - adam + 4.0 * part, host)
     construction = larger(flat_copy, partitions)
     # measured: + a full p*psi copy of the weights while the checkpoint is written (fp32 and
-    # bf16 at N = 2, bf16 at N = 1: docs/memory-notes.md section 11); on the device
+    # bf16 at N = 2, bf16 at N = 1: docs/evidence/memory.md section 11); on the device
     # beside the weights (derived)
     save = (device + p * psi, host)
     return {"construction": construction, "between_steps": (device, host),

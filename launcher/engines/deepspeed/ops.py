@@ -2,7 +2,7 @@
 ninja once (`make ops`: `python -m launcher.engines.deepspeed.ops`), and never waited on forever:
 a killed build leaves its `<dir>/<op>/lock` (torch's FileBaton: no owner recorded) for
 every later build to wait on, so a rank checks first (`check_build_locks`) and stops with
-the file and the fix. Why, and the rebuilds measured without this: docs/stack-notes.md.
+the file and the fix. Why, and the rebuilds measured without this: docs/evidence/stack.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def use_own_build_cache(environ: MutableMapping[str, str] | None = None,
     directory = Path(environ.get(ENV) or Path(prefix) / "torch_extensions")
     environ.setdefault(ENV, str(directory))
     # torch runs whichever ninja PATH finds first, and two versions (the environment's, the
-    # system's) each rebuild every object of the other's builds (docs/stack-notes.md)
+    # system's) each rebuild every object of the other's builds (docs/evidence/stack.md)
     bin_dir = Path(prefix) / "bin"
     path = environ.get("PATH", "")
     if (bin_dir / "ninja").is_file() and path.split(os.pathsep)[0] != str(bin_dir):

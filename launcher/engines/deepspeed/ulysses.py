@@ -1,7 +1,7 @@
 """Sequence parallelism (parallel.sp > 1): DeepSpeed Ulysses (ALST) under ZeRO-3, rank side.
 The HF Trainer does the work given accelerate's ParallelismConfig(sp_backend="deepspeed");
 what the pinned stack gets wrong on CPU or on resume is patched here, each measured
-(docs/stack-notes.md, "Tensor parallelism ... and sequence parallelism").
+(docs/evidence/stack.md, "Tensor parallelism ... and sequence parallelism").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FSDP2 through accelerate: its settings (settings.py), peak-memory moments (in
 launcher/engines/peak_terms.py terms) and the CPU workarounds of its ranks
-(docs/stack-notes.md). A sharded checkpoint resumes on another world size through
+(docs/evidence/stack.md). A sharded checkpoint resumes on another world size through
 torch.distributed.checkpoint, with nothing to convert."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Keys checked against the installed sources, transformers 5.24
   activation_checkpointing. transformers turns them into `args.fsdp_plugin_args`, and the
   Trainer builds `FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)`.
 - `cpu_offload: true` becomes accelerate's `CPUOffloadPolicy()`, whose pin_memory=True
-  fails without a GPU (docs/stack-notes.md): fsdp_plugin_overrides.
+  fails without a GPU (docs/evidence/stack.md): fsdp_plugin_overrides.
 """
 
 from __future__ import annotations

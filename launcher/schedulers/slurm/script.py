@@ -1,6 +1,6 @@
 """The sbatch job script, as pure text (SlurmScheduler.render). Its layout, top to bottom,
 and who asks the ranks to stop are in docs/design.md ("The scheduler seam"); why each
-piece, measured: docs/stack-notes.md. Every stop is RUN_DIR/preempt.requested, which every
+piece, measured: docs/evidence/stack.md. Every stop is RUN_DIR/preempt.requested, which every
 rank polls at step ends (launcher/rank/preempt.py) whatever launcher sits between srun and
 the ranks; bash runs a trap only when its foreground child exits, hence `& wait`.
 
@@ -194,7 +194,7 @@ def _per_node_script(cfg: RunConfig, launch: Launch, run_dir: str) -> str:
     """The srun task: this node's launcher in a session of its own (setsid) with TERM/INT
     ignored and torchrun's agent handling neither (PET_SIGNALS_TO_HANDLE), so a step's
     TERM/INT (`scancel -s TERM JOB`) never makes it kill the ranks 30 s into their save;
-    this shell turns them into the stop request (docs/stack-notes.md). Left open: under
+    this shell turns them into the stop request (docs/evidence/stack.md). Left open: under
     cgroup deepspeed's launch.py installs its own TERM/INT handlers, still 30 s for the ranks."""
     argv = [_run_dir_var(arg, run_dir) for arg in launch.argv]
     command = render_argv(argv, (*SHELL_VARS, RUN_DIR_VAR))  # the node task exports all three
