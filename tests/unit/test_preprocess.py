@@ -218,3 +218,16 @@ def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     assert Path(built[0].train).parent.name == Path(built[1].train).parent.name  # same key
     first, second = (load_from_disk(b.train) for b in built)
     assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
+
+
+def test_ftl_preprocess_without_an_eval_set_turns_the_presets_evaluation_off(tmp_path):
+    """The issue's command: the default model's preset evaluates every 50 steps and shows
+    200 examples, keys the user never typed; preprocessing evaluates nothing."""
+    data = small_data(tmp_path)
+    run = ftl("preprocess", "--json", f"dataset.path={data}", "dataset.eval_fraction=0",
+              private_cache(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["eval"] is None
+    notices = [line for line in run.stderr.splitlines() if "turned off" in line]
+    assert len(notices) == 1, run.stderr
+    assert "train.eval_steps=50" in notices[0] and "train.show_examples=200" in notices[0]
