@@ -19,7 +19,7 @@ class Engine:
     launchers: ClassVar[tuple[str, ...]] = ("torchrun", "deepspeed")
     """`cluster.launcher` values that can start its ranks."""
     settings_file: ClassVar[str | None] = None
-    """The run-dir file holding `settings(cfg)` (launcher/rundir.py names), if any."""
+    """The run-dir file holding `settings(cfg)` (a launcher/rundir name), if any."""
     universal_settings_file: ClassVar[str | None] = None
     """The run-dir file holding `universal_settings`: written beside `settings_file` when
     the run resumes a checkpoint, which a launch then loads if it converts one."""
