@@ -6,11 +6,15 @@
 1. An uninterrupted reference run (run.name=chaos-reference).
 2. `--rounds` times: `ftl train` (run.name=chaos, run.resume=auto: each launch continues
    from the newest complete checkpoint of the earlier ones), then SIGKILL at a random time
-   once training runs. Every third kill (the 2nd, 5th, ...) waits for a checkpoint being
-   written (its directory exists, its COMPLETE marker does not) and lands in the middle of
-   that save; every fourth (the 3rd, 7th, ...) kills one rank only (the launcher then tears
-   down the rest); the others kill the whole process tree (`ftl train`, the launcher, every
-   rank) at once. So 3 rounds make one kill of each kind.
+   once that launch has written a complete checkpoint of its own (so every kill leaves a
+   newer checkpoint to resume, however slowly a loaded machine starts the launch). Every
+   third kill (the 2nd, 5th, ...) then waits for the next checkpoint being written (its
+   directory exists, its COMPLETE marker does not), freezes the process tree (SIGSTOP),
+   and kills it only if that save is still unfinished (else it lets the run go on to the
+   next save); every fourth (the 3rd, 7th, ...) kills one rank only (the launcher then
+   tears down the rest); the others kill the whole process tree (`ftl train`, the launcher,
+   every rank) at once. So 3 rounds make one kill of each kind. A kill counts as a
+   mid-save kill only when, after it, the checkpoint it interrupted is still incomplete.
 3. Relaunches without kills until the run finishes.
 4. Checks: every launch started at the step of the newest complete checkpoint that existed
    when it started (never from step 0 once a checkpoint exists), the run reached
@@ -22,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,7 +52,7 @@ DEFAULTS = [
     "train.show_examples=0",  # each finished launch would answer the held-out prompts
 ]
 KILL_WINDOW_S = (0.0, 1.0)
-"""A random kill lands this long after the launch logged its first step."""
+"""A random kill lands this long after the launch's first complete checkpoint."""
 WAIT_S = 300.0
 
 
@@ -96,26 +101,51 @@ def new_run_dir(output: Path, name: str, before: list[Path],
     return None
 
 
-def first_step_logged(run_dir: Path, proc: subprocess.Popen[bytes]) -> bool:
-    metrics = run_dir / "metrics.jsonl"
+def checkpointed(run_dir: Path, proc: subprocess.Popen[bytes]) -> bool:
+    """Until this launch has written a complete checkpoint (False: it ended first, or none
+    within WAIT_S)."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.is_file() and '"loss"' in metrics.read_text():
+        if any(is_complete(c) for c in list_checkpoints(run_dir / "checkpoints")):
             return True
-        time.sleep(0.05)
+        time.sleep(0.01)
     return False
 
 
-def saving(run_dir: Path) -> bool:
-    """A checkpoint directory without its COMPLETE marker: a save in progress (or one that a
-    kill interrupted)."""
-    return any(not is_complete(c) for c in list_checkpoints(run_dir / "checkpoints"))
+def unfinished(run_dir: Path) -> list[Path]:
+    """Checkpoint directories without their COMPLETE marker: a save in progress (or one
+    that a kill interrupted)."""
+    return [c for c in list_checkpoints(run_dir / "checkpoints") if not is_complete(c)]
 
 
-def wait_for_a_save(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+def freeze_in_a_save(run_dir: Path, proc: subprocess.Popen[bytes]) -> list[Path]:
+    """Wait for a save in progress and stop (SIGSTOP) the whole process tree while it is
+    still unfinished; returns the unfinished checkpoints ([] if the launch ended or no save
+    was caught within WAIT_S). A save that completed before the tree stopped lets it go on
+    (SIGCONT) to the next one."""
     deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and proc.poll() is None and not saving(run_dir):
+    while time.monotonic() < deadline and proc.poll() is None:
+        if unfinished(run_dir):
+            tree = process_tree(proc)
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    process.suspend()
+            caught = unfinished(run_dir)  # nothing runs now: this stays true until the kill
+            if caught:
+                return caught
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    process.resume()
         time.sleep(0.002)
+    return []
+
+
+def process_tree(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    try:
+        parent = psutil.Process(proc.pid)
+        return [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def ranks_of(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
@@ -149,17 +179,17 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
     expected_start = max(complete_steps(output, "chaos"), default=0)
     proc = start(output, "chaos", overrides, log)
     run_dir = new_run_dir(output, "chaos", before, proc)
-    if run_dir is None or not first_step_logged(run_dir, proc):
+    if run_dir is None or not checkpointed(run_dir, proc):
         kill_all(proc)
         return _finished(proc, run_dir, report)
     mode = "save" if index % 3 == 1 else "rank" if index % 4 == 2 else "random"
+    caught: list[Path] = []
     if mode == "save":
-        wait_for_a_save(run_dir, proc)
+        caught = freeze_in_a_save(run_dir, proc)
     else:
         time.sleep(rng.uniform(*KILL_WINDOW_S))
     if proc.poll() is not None:
         return _finished(proc, run_dir, report)
-    hit_save = saving(run_dir)
     ranks = ranks_of(proc)
     if mode == "rank" and ranks:
         rng.choice(ranks).kill()
@@ -168,6 +198,8 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
         except subprocess.TimeoutExpired:
             pass
     kill_all(proc)
+    # Counted once the kill has landed: the save it interrupted is still unfinished.
+    hit_save = bool(caught) and all(c.is_dir() and not is_complete(c) for c in caught)
     report.kills += 1
     report.kills_during_save += hit_save
     report.kills_of_one_rank += mode == "rank" and bool(ranks)

@@ -4,20 +4,22 @@ exits 75 (stopped, resumable, no final model or result); a half-written checkpoi
 looks newer is planted; the same command again skips it, resumes at the next step without
 evaluating "at the start" again, and the two launches' losses joined equal the
 uninterrupted run's, one loss per step. In `make test`: SIGTERM under ZeRO-2 (DeepSpeed's
-engine and launcher) and Ctrl-C under ddp (torchrun) with activation checkpointing (which
-must change no number); `make test-full` adds SIGTERM under ddp, ZeRO-3 and FSDP2 with
-sharded checkpoints (torch.distributed.checkpoint): FULL_CASES says why `make test` needs
-none of them. The ddp Ctrl-C case also logs to every tracker (wandb offline, MLflow's file
-store in tmp): one tracker run across the stop and the resume, MLflow's params and each
-step's loss once, and no credential from the environment in any file.
+engine and launcher), ZeRO-3 and FSDP2 with sharded checkpoints (torch.distributed.checkpoint):
+the collective saves of the strategies Slurm users preempt most; and Ctrl-C under ddp
+(torchrun) with activation checkpointing (which must change no number); `make test-full`
+adds SIGTERM under ddp (FULL_CASES). The ddp Ctrl-C case also logs to every tracker
+(wandb offline, MLflow's file store in tmp): one tracker run across the stop and the
+resume, MLflow's params and each step's loss once, and no credential from the environment
+in any file.
 A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
 checkpoint, through the launcher's parent-death SIGTERM that torchrun forwards.
 
 The first launch's steps are slowed by an injected probe (SlowSteps) so that a signal can
 land at a chosen step (the resume runs without it); the references are the uninterrupted
 runs test_train_strategies.py already trains (FSDP's sharded and gathered saves train
-alike, so one reference serves both).
-"""
+alike, so one reference serves both). The FSDP stop is shared: its checkpoint is also the
+first link of test_world_size_change.py's fsdp-sharded-2to1 chain (signal_stop caches the
+stopped launch per session), which then needs no 2-rank launch of its own."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -156,16 +159,55 @@ def plant_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> 
 
 CHECKPOINTED = ("train.gradient_checkpointing=true",)
 TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)
-CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE]
-FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()), ("zero3", "torchrun", signal.SIGTERM, ()),
-              ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)]
-"""`make test-full` only, since `make test` proves what they do: `ftl train` and the ranks
-handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), so the two
-cases above cover both launchers and both signals; the stop vote and its save are the
-engines' common path; a ZeRO-3 checkpoint resumes exactly in test_sequence_parallel.py's
-chain (ZeRO-3 with sp=2, stopped after checkpoint-4), FSDP2's sharded one in
-test_world_size_change.py's fsdp-sharded-2to1 (torch.distributed.checkpoint loads any world
-size through the same call)."""
+FSDP_SHARDED_CASE = ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)
+"""Also test_world_size_change.py's first link of fsdp-sharded-2to1 (signal_stop)."""
+CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE,
+         ("zero3", "torchrun", signal.SIGTERM, ()), FSDP_SHARDED_CASE]
+FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ())]
+"""`make test-full` only, since `make test` proves what it does: `ftl train` and the ranks
+handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), and ddp's
+save is the one the Ctrl-C case makes."""
+
+
+@dataclass(frozen=True)
+class SignalStop:
+    """The first launch of a case: `ftl train` signalled once step `at_step` was logged."""
+    root: Path
+    name: str
+    run_dir: Path
+    returncode: int
+    at_step: int
+    seconds: float
+
+    @property
+    def log(self) -> Path:
+        return self.root / f"{self.name}-1.log"
+
+
+_STOPS: dict[tuple[Path, str], SignalStop] = {}
+
+
+def case_overrides(strategy: str, launcher: str, extra: tuple[str, ...]) -> list[str]:
+    """A case's own `ftl train` overrides: the resume's command (the stop adds SLOW)."""
+    return [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32", *extra]
+
+
+def signal_stop(runs_root: Path, strategy: str, launcher: str, signum: signal.Signals,
+                extra: tuple[str, ...] = (), more: tuple[str, ...] = ()) -> SignalStop:
+    """The case's signalled launch, once per session (another test may start from its
+    checkpoint: test_world_size_change.py). `more`: overrides of the stop and its resume
+    that do not name the case (the trackers); a tracked case sets its environment first."""
+    root, name = runs_root / "signals", run_name(strategy, launcher, signum.name, extra)
+    if (root, name) not in _STOPS:
+        # Slow steps only where the signal lands: the resume is the same command without.
+        slowed = [*case_overrides(strategy, launcher, extra), *more,
+                  SLOW_WRAPPER if extra == CHECKPOINTED else SLOW]
+        at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
+        started = time.monotonic()
+        run_dir, returncode = stop_with_signal(root, name, slowed, signum, at_step)
+        _STOPS[root, name] = SignalStop(root, name, run_dir, returncode, at_step,
+                                        time.monotonic() - started)
+    return _STOPS[root, name]
 
 
 TRACKERS = "train.report_to=[tensorboard,wandb,mlflow]"
@@ -201,24 +243,22 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     assert reference.returncode == 0, describe_failure(reference)
 
     root, name = runs_root / "signals", run_name(strategy, launcher, signum.name, extra)
-    mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32", *extra]
+    mine = case_overrides(strategy, launcher, extra)
     tracked = (strategy, launcher, signum, extra) == TRACKED_CASE
     if tracked:
         store = track_everything(monkeypatch, root / f"{name}-mlruns")
         mine.append(TRACKERS)
-    # Slow steps only where the signal lands: the resume is the same command without them.
-    slowed = [*mine, SLOW_WRAPPER if extra == CHECKPOINTED else SLOW]
-    at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
-    started = time.monotonic()
-    first_dir, returncode = stop_with_signal(root, name, slowed, signum, at_step)
-    stop_step = check_stopped_at_a_boundary(first_dir, returncode, at_step,
-                                            root / f"{name}-1.log")
+    stop = signal_stop(runs_root, strategy, launcher, signum, extra,
+                       (TRACKERS,) if tracked else ())
+    first_dir = stop.run_dir
+    stop_step = check_stopped_at_a_boundary(first_dir, stop.returncode, stop.at_step, stop.log)
     half = plant_half_written_checkpoint(first_dir / "checkpoints", f"checkpoint-{stop_step}",
                                          f"checkpoint-{stop_step + 1}")
 
+    started = time.monotonic()
     again = subprocess.run(ftl_train_argv(root, name, mine), cwd=PROJECT_ROOT,
                            env=project_env(), capture_output=True, text=True, timeout=WAIT_S)
-    RUN_TIMES[f"{name} (signal+resume)"] = time.monotonic() - started
+    RUN_TIMES[f"{name} (signal+resume)"] = stop.seconds + time.monotonic() - started
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     second_dir = run_dirs(root, name)[-1]
     assert second_dir != first_dir and not is_complete(half)

@@ -22,7 +22,7 @@ from launcher.config.compose import PROJECT_ROOT
 from launcher.rank.watchdog import PEER_GRACE_S
 from launcher.run.report import report
 from launcher.run.submit import run_dir_lines
-from launcher.rundir import HUNG_EXIT, RunDir
+from launcher.rundir import RunDir
 from launcher.rundir.checkpoints import is_complete
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,9 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Hung:
     done = ftl_train(root, BLOCK)
     ended = time.time()
     RUN_TIMES["hang (hung launch)"] = time.monotonic() - started
-    assert done.returncode == HUNG_EXIT, done.stdout[-3000:] + done.stderr[-3000:]
+    # 76, written out: the documented status (README, `ftl train --help`, Slurm's 76:0),
+    # not the product's own constant, which a test would follow wherever it went.
+    assert done.returncode == 76, done.stdout[-3000:] + done.stderr[-3000:]
     return Hung(root, RunDir(only_run_dir(root)), done, ended)
 
 
@@ -82,7 +84,7 @@ def test_a_hung_rank_ends_the_run_with_its_stacks(hung: Hung) -> None:
     rank_1 = "rank 1 on {}: in BlockAtStep.on_step_end (tests/integration/probes.py:"
     assert rank_1.format(records[1].host) in done.stderr, done.stderr[-3000:]
     assert f"rank 0 on {records[0].host}: waiting in all_" in done.stderr
-    assert "at step 3" in done.stderr and f"Exit status {HUNG_EXIT}" in done.stderr
+    assert "at step 3" in done.stderr and "Exit status 76" in done.stderr
 
     checkpoints = run_dir.checkpoints
     assert is_complete(checkpoints / "checkpoint-2")

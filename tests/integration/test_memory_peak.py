@@ -10,9 +10,10 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   linears, rank 0 gathering the whole model to save it).
 - zero3-sp2 is zero3 with parallel.sp=2 (DeepSpeed Ulysses: half of each sequence per rank,
   ZeRO-3 sharding over both; `make test-full` only).
-`make test` runs ddp, zero2, zero3 and fsdp (SHORT); `make test-full` all twelve (zero1-tp2
-among them: TP's training, save and resume are test_tensor_parallel.py's, its memory figure
-is docs/evidence/memory.md's).
+`make test` runs ddp, zero2, zero3, fsdp, zero2_offload and lora-ddp (SHORT: one per
+backend family, one offload strategy, LoRA, the most used mode); `make test-full` all twelve
+(zero1-tp2 among them: TP's training, save and resume are test_tensor_parallel.py's, its
+memory figure is docs/evidence/memory.md's).
 Activations are
   measured as live bytes at the forward's end minus at the step's begin
   (tests/integration/probes.LiveBytesProbe), in strategies that hold nothing else then
@@ -69,8 +70,9 @@ RUNS: dict[str, list[str]] = {
 LORA_RUNS = {"lora-ddp": "ddp", "lora-zero3": "zero3", "lora-fsdp": "fsdp"}
 """Run name -> strategy of the peft=lora runs (the three backends' LoRA code paths)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "zero3", "fsdp")
-"""The runs `make test` makes (one per backend family); the others are `make test-full`'s."""
+SHORT = ("ddp", "zero2", "zero3", "fsdp", "zero2_offload", "lora-ddp")
+"""The runs `make test` makes: one per backend family, the offload strategy that is also the
+second activation-doubling run, and LoRA under ddp; the others are `make test-full`'s."""
 
 
 def full_unless_short(names: list[str]) -> list[object]:

@@ -5,8 +5,10 @@ with the uninterrupted 2-rank run itself, whose checkpoint-4 continues on 1 rank
 run.resume=PATH (another run's checkpoint), stops after step 6, and the last launch
 continues on 2 ranks (run.resume=auto). ddp and ZeRO-2: 2 -> 1, the 1 rank finishing the
 run (CASES says why the other direction adds nothing there; `make test-full` runs their
-2 -> 1 -> 2 chains too). FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with full ones,
-each stopped after step 3.
+2 -> 1 -> 2 chains too). FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with full ones
+(stopped after step 3). The sharded chain's 2-rank link is test_graceful_stop.py's SIGTERM
+stop under FSDP (sharded checkpoints, 2 ranks, stopped at a random step 2-5): its
+checkpoint continues on 1 rank through run.resume=PATH, as after the reference.
 The step count, optimizer state and LR schedule carry over, and the data continues where
 it stopped: every step's loss equals the uninterrupted 2-rank run's (the same samples in
 each optimizer step; only the summation order differs, hence rel 1e-4), so the loss
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from runs import RUN_TIMES, Run, callbacks, describe_failure, launch, plan_run
+from test_graceful_stop import FSDP_SHARDED_CASE, check_stopped_at_a_boundary, signal_stop
 from test_train_strategies import NO_GATHER, run_name, strategy_overrides
 
 from launcher.rundir import DS_CONFIG, UNIVERSAL_DS_CONFIG
@@ -43,6 +46,9 @@ PROBES = "tests.integration.probes"
 REFERENCE = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
 """The layout of the reference run (FAST_TRAIN, 2 ranks), as a chain's first link: its own
 checkpoint-4 (FAST_TRAIN's train.save_steps=4) instead of a launch stopped at step 3."""
+SIGNALLED = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
+"""The layout of test_graceful_stop.py's FSDP SIGTERM stop, as a chain's first link: the
+checkpoint of the step it stopped at (its RUN_DIR/preempted)."""
 
 def case_id(strategy: str, launcher: str, extra: tuple[str, ...],
             chain: tuple[list[str], ...]) -> str:
@@ -64,7 +70,7 @@ CASES = [
     # proves both directions of it, ZeRO-2's 2 -> 1 DeepSpeed's stage-1/2 universal load.
     case("zero2", "deepspeed", (), (REFERENCE, ONE)),
     case("zero3", "torchrun", (), (REFERENCE, ONE, TWO)),
-    case("fsdp", "torchrun", NO_GATHER, (TWO, ONE)),
+    case("fsdp", "torchrun", NO_GATHER, (SIGNALLED, ONE)),
     case("fsdp", "torchrun", (), (ONE, TWO)),
     case("ddp", "torchrun", (), (REFERENCE, ONE, TWO), full=True),
     case("zero2", "deepspeed", (), (REFERENCE, ONE, TWO), full=True),
@@ -75,12 +81,17 @@ def world(layout: list[str]) -> int:
     return 1 if layout is ONE else 2
 
 
+def given(layout: list[str]) -> bool:
+    """A first link that another test launches (the reference, the signal stop)."""
+    return layout is REFERENCE or layout is SIGNALLED
+
+
 def link_overrides(chain: tuple[list[str], ...], index: int, end: int,
                    checkpoint: Path | None) -> list[str]:
     """A launch's own overrides: stop after the checkpoint of step `end`, unless it is the
-    last. The launch after REFERENCE resumes the reference's checkpoint by its path and
-    asks for the save it stops after: it saves every 4 steps, as the reference did."""
-    after_reference = index == 1 and chain[0] is REFERENCE
+    last. The launch after REFERENCE (or SIGNALLED) resumes that run's checkpoint by its
+    path and asks for the save it stops after: it saves every 4 steps, as that run did."""
+    after_reference = index == 1 and given(chain[0])
     resume = [f"run.resume={checkpoint}"] if after_reference else []
     if index == len(chain) - 1:
         return resume
@@ -104,14 +115,22 @@ def test_resume_on_another_world_size_continues_the_same_losses(
     name = f"worldsize-{case_id(strategy, launcher, extra, chain)}"
     mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
             "train.save_steps=3", *extra]
-    stops = (4, STOPS[1]) if chain[0] is REFERENCE else STOPS
+    first_dir = reference.run_dir
+    if chain[0] is SIGNALLED:
+        assert (strategy, launcher, extra) == FSDP_SHARDED_CASE[:2] + FSDP_SHARDED_CASE[3:]
+        stop = signal_stop(runs_root, *FSDP_SHARDED_CASE)
+        first_dir = stop.run_dir
+        stops = (check_stopped_at_a_boundary(stop.run_dir, stop.returncode, stop.at_step,
+                                             stop.log), STOPS[1])
+    else:
+        stops = (4, STOPS[1]) if chain[0] is REFERENCE else STOPS
     starts = (0, *stops[: len(chain) - 1])
     checkpoint, seconds = None, 0.0
     for index, layout in enumerate(chain):
         last = index == len(chain) - 1
         end = MAX_STEPS if last else stops[index]
-        if layout is REFERENCE:
-            checkpoint = reference.run_dir / "checkpoints" / f"checkpoint-{end}"
+        if given(layout):
+            checkpoint = first_dir / "checkpoints" / f"checkpoint-{end}"
             continue
         built = plan_run(runs_root, name,
                             [*mine, *layout, *link_overrides(chain, index, end, checkpoint)])
@@ -135,7 +154,7 @@ def test_resume_on_another_world_size_continues_the_same_losses(
             assert loss == pytest.approx(expected[step], rel=1e-4), (index, step, losses,
                                                                      expected)
         checkpoint = run.run_dir / "checkpoints" / f"checkpoint-{end}"
-    launches = len(chain) - (chain[0] is REFERENCE)
+    launches = len(chain) - given(chain[0])
     RUN_TIMES[f"{name} ({launches} launches)"] = seconds
     assert run.result["global_step"] == MAX_STEPS
 
