@@ -1,6 +1,6 @@
-"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs (they and their exit
-codes: docs/design.md, "The user's surface"). plan, ds-config and estimate never import
-torch, transformers or deepspeed.
+"""`ftl VERB [options] [hydra overrides]`: one small registry of verbs (what each does:
+docs/guide.md; the exit codes: docs/design.md, "Exit codes"). plan, ds-config and estimate
+never import torch, transformers or deepspeed.
 """
 
 from __future__ import annotations

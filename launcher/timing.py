@@ -1,6 +1,6 @@
 """Where a launch's time goes before its first step (and after its last): start-up phases,
-which rank 0 prints after the first step and appends to metrics.jsonl (docs/design.md,
-"Benchmarks"). The cost on the ranks is a handful of `time.time()` calls.
+which rank 0 prints after the first step and appends to metrics.jsonl (docs/benchmarks.md,
+"Start-up of a launch"). The cost on the ranks is a handful of `time.time()` calls.
 
 Marks are wall-clock seconds, so the `ftl` process and the ranks share one clock; each is
 named after the moment that ends a phase. `ftl train` passes its marks to the ranks in ENV

@@ -1,5 +1,5 @@
 """Rows -> token ids and labels: the chat template, assistant-only loss, truncation
-(docs/design.md "Data"). Assistant turn i is trained from the end of
+(docs/guide.md, "Data"). Assistant turn i is trained from the end of
 `render(messages[:i], add_generation_prompt=True)` to the end of `render(messages[:i + 1])`:
 with its end-of-turn text (the model learns to stop), without the whitespace after it, and
 with no `{% generation %}` markers (most templates lack them). Label 0 is always -100: in a

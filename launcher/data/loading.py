@@ -1,8 +1,10 @@
 """Training data: load rows, split off the eval set, encode and pack them, collate batches.
 
 Runs where the data is prepared (preprocess.py) and in the ranks' collators; `datasets` and
-TRL are imported inside functions. Packing, and why packed batches carry position_ids and no
-attention mask: docs/design.md "Data".
+TRL are imported inside functions. Packed batches carry position_ids restarting per example
+and no attention mask: transformers derives the per-example mask from them
+(`find_packed_sequence_indices` for sdpa/eager, varlen for flash-attention), and only with
+use_cache=False, which the Trainer sets; the user's view: docs/guide.md, "Data".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ defaults to ~/.cache/ftlaunch); `data_key` hashes the data and tokenizer files, 
 setting that changes the result and VERSION without importing `datasets` or `transformers`
 (validation computes it, the plan records it). Per user, not per output dir: keyed by
 content, sharing is sound, and a new output dir does not pay 3-4 s for the bundled data.
-Who builds it, and how: docs/design.md "Data". Inside: train/ and eval/ (`save_to_disk`:
+Who builds it: docs/guide.md, "Data". Inside: train/ and eval/ (`save_to_disk`:
 input_ids, labels and, packed, position_ids) and meta.json (`Prepared`, and who built it).
 """
 

@@ -1,7 +1,8 @@
 """`ftl doctor [--json] [overrides]`: what breaks multi-node jobs, checked on the run's own
 world before training. The launching side is here: DOCTOR_MODULE runs instead of the worker
 on every rank (the launcher's output: logs/doctor.log); probe.py joins and measures,
-checks.py judges (pure). The flow and the checks: docs/design.md "The ranks"."""
+checks.py judges (pure). The checks and what passes: docs/guide.md, "Before a multi-node
+run"."""
 
 from __future__ import annotations
 

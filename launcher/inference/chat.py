@@ -1,7 +1,9 @@
 """`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model.
 
 Replies are greedy, so the same prompt always gives the same answer (what a
-before/after-quantization check needs). The template: docs/design.md "After training".
+before/after-quantization check needs). The template: the tokenizer's own chat template with
+the generation prompt (`prompt_ids`), else the built-in one of launcher/data/encode.py, with a
+notice.
 """
 
 from __future__ import annotations

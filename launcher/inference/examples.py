@@ -1,6 +1,11 @@
 """`train.show_examples=N`: held-out prompts answered before and after training, in the
-launcher process once the ranks have finished, on its CPU (small models only); what is
-asked, of which models, and what is printed and written: docs/design.md "After training".
+launcher process once the ranks have finished, on its CPU (small models only). The prompts
+are the eval set's conversations up to their first assistant turn (the reference is that
+turn), rendered by `chat.prompt_ids` with the run's saved tokenizer: the model is asked what
+it was trained on, as `ftl chat` would ask it. The initial model is the ranks' (model.path,
+else rebuilt from the architecture with train.seed), so the before/after rates compare the
+same weights the run started from. Prompts of one token length share a batch without
+padding. Prints a few, with the exact-match rates over all N, and writes examples.json.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """INT8 post-training quantization of a fine-tuned causal LM (`ftl quantize`, `ftl chat`).
 
-The schemes and the file format: docs/design.md "After training"; a Linear tied to an
-embedding stays unquantized too. The point is a smaller artifact to ship and a measured error
-per layer, not speed: on CPU the int8 layers are dequantized on load (no int8 kernels).
+Every nn.Linear weight becomes int8 codes with their scales and zero points
+(`save_quantized`: model.safetensors plus quantization.json); embeddings and norms stay in
+full precision, and so does a Linear tied to an embedding. The point is a smaller artifact
+to ship and a measured error per layer, not speed: on CPU the int8 layers are dequantized on
+load (no int8 kernels).
 
 Conventions. The issue's scale S is "codes per unit" (S = 127 / max|x|); torch's `scale` is the
 step 1/S. QuantizedTensor.scale stores S; torch is always handed step = 1/S computed from the

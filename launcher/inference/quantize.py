@@ -1,7 +1,7 @@
 """`ftl quantize MODEL_DIR -o OUT_DIR`: INT8 post-training quantization with its cost.
 
 The verb around launcher/inference/int8.py: the request's checks, the perplexity and
-size before and after, the tables, `--compare` (docs/design.md "After training").
+size before and after, the tables, `--compare` (docs/guide.md, "After training: quantize and chat").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Joining the process group within `cluster.startup_timeout_s`, or one line saying who
-never came (docs/design.md, "Start-up"). After a batch job's failed step,
+never came (docs/guide.md, "Before a multi-node run"). After a batch job's failed step,
 `python -m launcher.rank.startup RUN_DIR` (`diagnose`) names the nodes whose launcher never
 started (no RUN_DIR/startup/node-<N>.json) or the ranks that never came.
 """

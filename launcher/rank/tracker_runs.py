@@ -2,7 +2,11 @@
 this module opens the wandb and MLflow runs before `trainer.train()` so every launch that
 resumes a run continues its tracker runs (ids in RUN_DIR/trackers.json), logs the run's
 facts (`TrackerParams`) and ends the runs before the worker's os._exit (no atexit hook runs
-there). Why and how: docs/design.md, "Trackers". Credentials stay in the environment.
+there). The MLflow run is started here, before MLflowCallback sets up, so the callback
+neither starts nor ends it: it would end it at train end, and the final eval after
+`trainer.train()` would open a second run. A launch from step 0 opens new runs rather than log
+its steps twice. What the user sees: docs/guide.md, "Trackers". Credentials stay in the
+environment.
 """
 
 from __future__ import annotations

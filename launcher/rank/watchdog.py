@@ -1,6 +1,6 @@
 """The hang watchdog: a rank without progress within its bound writes where it is
 (RUN_DIR/hang/) and ends with HUNG_EXIT instead of waiting in a collective until torch's
-own timeout (docs/design.md, "Hangs and stragglers"). The main thread may be blocked in a
+own timeout (docs/design.md, "The ranks"). The main thread may be blocked in a
 C++ collective, so the watchdog's thread exits the process itself. Per step a rank pays
 one `beat`: storing a float.
 """

@@ -3,7 +3,7 @@
 The launcher runs in a session of its own, so a terminal's Ctrl-C or a SIGTERM to `ftl
 train`'s process group never reaches a launcher that would kill the ranks before they save
 (torchrun and the deepspeed launcher give them 30 s, then SIGKILL); the protocol:
-docs/design.md, "Stopping (`preempt.py`)".
+docs/design.md, "The ranks".
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto" (docs/design.md,
-"ds_config: concrete, never auto"). Pure: `ftl plan` and `ftl ds-config` use it.
+"""DeepSpeed config: one concrete JSON dict per RunConfig, never "auto", built from the same
+RunConfig as the TrainingArguments: the file is complete and usable outside the Trainer, and
+the Trainer's mismatch check (below) confirms both agree. Pure: `ftl plan` and `ftl ds-config`
+use it.
 
 What the HF integration does with these values (read in transformers 5.24,
 transformers/integrations/deepspeed.py, and checked by tests/unit/test_ds_config.py):

@@ -1,5 +1,5 @@
 """Resume a ZeRO checkpoint on another world size through DeepSpeed's universal checkpoint
-(docs/design.md, "World size"): rank 0 converts it once into RUN_DIR/universal/checkpoint-N/
+(docs/design.md, "Resume"): rank 0 converts it once into RUN_DIR/universal/checkpoint-N/
 (`ds_to_universal` as a subprocess: it runs worker pools of its own) while the other ranks
 wait, before any process group exists, so no collective times out however long it takes;
 the Trainer loads it with RUN_DIR/ds_config.universal.json (written with the run dir).

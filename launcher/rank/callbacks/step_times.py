@@ -1,7 +1,20 @@
-"""Per-rank busy and forward seconds per optimizer step, for stragglers (`ftl report`); what
-each figure measures and under which engines it tells the ranks apart: docs/design.md,
-"Stragglers". Cost: a gradient hook on one parameter, a forward pre-hook and hook on the
-model, a clock read (GPU: a CUDA event) each, and one all-gather of two numbers per train log.
+"""Per-rank busy and forward seconds per optimizer step, for stragglers (`ftl report`).
+
+In a synchronous data-parallel step every rank's wall time is the same (the fast ones wait in
+a collective), so what is measured is how long each rank worked before it had to wait, from
+on_step_begin (the Trainer's token-count gather just before it lines the ranks up). Busy: to
+the end of the rank's own backward (a post-accumulate-grad hook on the first trainable
+parameter, whose gradient the backward computes last). Forward: the time inside the model's
+forward passes, summed over the micro batches. Under DDP the bucket all-reduces are waited
+for after the last gradient, so busy is the rank's own work and the others waited the
+slowest's busy minus their own. DeepSpeed ZeRO-1/2 reduces block inside the backward and even
+out the busy figures, but its forward runs no collective, so a slow device shows there. Under
+ZeRO-3 and FSDP2 the forward's all-gathers line the ranks up too, and neither figure tells
+them apart (docs/evidence/stack.md). A rank slow outside the step (a callback at the step end,
+data loading) shows in neither: the others wait for it in the next step's gather.
+
+Cost: a gradient hook on one parameter, a forward pre-hook and hook on the model, a clock
+read (GPU: a CUDA event) each, and one all-gather of two numbers per train log.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The sbatch job script, as pure text (SlurmScheduler.render). Its layout, top to bottom,
-and who asks the ranks to stop are in docs/design.md ("The scheduler seam"); why each
-piece, measured: docs/evidence/stack.md. Every stop is RUN_DIR/preempt.requested, which every
+"""The sbatch job script, as pure text (SlurmScheduler.render). Its layout is render_sbatch's,
+top to bottom; what every job script must honour: docs/design.md ("The scheduler seam"); why
+each piece, measured: docs/evidence/stack.md. Every stop is RUN_DIR/preempt.requested, which every
 rank polls at step ends (launcher/rank/preempt.py) whatever launcher sits between srun and
 the ranks; bash runs a trap only when its foreground child exits, hence `& wait`.
 
