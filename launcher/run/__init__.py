@@ -1,2 +1,3 @@
-"""From a validated config to a running job on this machine: the plan, the command,
-the run dir written atomically, the supervised launch, and the report of a run."""
+"""From a validated config to a running job: the plan, the run dir written atomically,
+the supervised local launch, `ftl submit/status/cancel` through a scheduler, and the
+report of a run."""

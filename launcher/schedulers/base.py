@@ -3,7 +3,7 @@
 
 A running job is stopped through its run dir, not the scheduler (`ftl cancel`): the job
 script must end without resubmitting itself when RUN_DIR/cancel.requested exists, and
-exit launcher.run.supervise.STOPPED_EXIT when the ranks saved a complete checkpoint.
+exit launcher.rundir.STOPPED_EXIT when the ranks saved a complete checkpoint.
 """
 
 from __future__ import annotations
