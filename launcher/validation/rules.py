@@ -31,6 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
 
+
 def choices() -> dict[str, tuple[str, ...]]:
     """Every key checked against a list (read at the call: a scheduler may register after
     import)."""
