@@ -174,12 +174,11 @@ class DeepSpeedEngine(Engine):
     def save_final_model(self, trainer: Any, cfg: RunConfig, model_dir: Path) -> Path:
         """ZeRO-3 gathers the weights on save (stage3_gather_16bit_weights_on_model_save);
         without that it leaves shards, rebuilt here into fp32 weights (zero_to_fp32)."""
+        saved = super().save_final_model(trainer, cfg, model_dir)
         if cfg.peft.name != "none":
-            return super().save_final_model(trainer, cfg, model_dir)
+            return saved
         from launcher.engines.final_model import barrier, has_weights
 
-        trainer.save_model(str(model_dir))
-        barrier()
         if trainer.is_world_process_zero() and not has_weights(model_dir):
             _consolidate_zero_checkpoint(trainer, model_dir)
         barrier()
