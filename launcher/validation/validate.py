@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from launcher.config.report_to import tracker_problems
 from launcher.config.schema import RunConfig
@@ -16,13 +16,10 @@ from launcher.data.preprocess import data_dir
 from launcher.errors import ConfigError
 from launcher.estimator.auto import choose, model_parallel_layout, nothing_fits, rejection, resolve
 from launcher.estimator.disk import measured_save_time, save_time_estimate
-from launcher.estimator.estimate import estimate
+from launcher.estimator.estimate import Estimate, estimate
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 from launcher.validation import preflight
 from launcher.validation.rules import config_problems, data_problems, strategy_problems
-
-if TYPE_CHECKING:
-    from launcher.estimator.estimate import Estimate
 
 Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
 
