@@ -11,7 +11,8 @@ STAMP := $(VENV)/.installed
 OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
 	$(if $(STRATEGY),strategy=$(STRATEGY)) $(if $(PRECISION),precision=$(PRECISION)) \
 	$(if $(CLUSTER),cluster=$(CLUSTER)) $(if $(NODES),cluster.nodes=$(NODES)) \
-	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) $(ARGS)
+	$(if $(GPUS),cluster.gpus_per_node=$(GPUS)) $(if $(PEFT),peft=$(PEFT)) \
+	$(if $(OBJECTIVE),objective=$(OBJECTIVE)) $(ARGS)
 
 
 .PHONY: venv ops train submit plan estimate ds-configs data test test-full test-fast test-lowest \

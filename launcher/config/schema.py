@@ -69,6 +69,12 @@ class ColumnsConfig:
     """Column of the completion trained on (prompt_completion; required); empty: completion."""
     text: str = ""
     """Column of the raw text (format text; required); empty: text."""
+    chosen: str = ""
+    """Column of the preferred answer (format preference; required): text, or a list of
+    turns ending in the answer; empty: chosen."""
+    rejected: str = ""
+    """Column of the dispreferred answer (format preference; required), in chosen's form;
+    empty: rejected."""
 
 
 @dataclass
@@ -79,7 +85,8 @@ class DatasetConfig:
     """Local file (json, jsonl, csv, parquet) or hub dataset id."""
     format: str = "alpaca"
     """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
-    prompt_completion or text: launcher/data/formats.py."""
+    prompt_completion, text, or preference (prompt/chosen/rejected, for objective=dpo):
+    launcher/data/formats.py."""
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
     """Column renames, e.g. dataset.columns.messages=conversation."""
     template: str = "auto"
@@ -301,6 +308,29 @@ class TrainConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    name: str = "sft"
+    """What the run optimizes (`objective=NAME`): sft (next-token loss on the answers) or
+    dpo (preference pairs, dataset.format=preference: TRL's DPOTrainer against a frozen
+    reference, the model as the run starts)."""
+    beta: float = 0.1
+    """dpo: how far the policy may move from the reference (the KL weight; IPO's tau);
+    higher: closer to the reference."""
+    loss_type: str = "sigmoid"
+    """dpo: the pair loss, one of TRL DPOConfig's: sigmoid (DPO), ipo, hinge (SLiC),
+    robust, exo_pair, nca_pair, bco_pair, sppo_hard, aot, aot_unpaired, apo_zero,
+    apo_down, discopop, sigmoid_norm (launcher/config/objectives.py)."""
+    label_smoothing: float = 0.0
+    """dpo: the share of pairs assumed mislabelled (cDPO, robust), in [0, 0.5); exo_pair
+    needs it above 0 (1e-3 in the EXO paper)."""
+    sft_weight: float = 0.0
+    """dpo: weight of an added next-token loss on the chosen answers (RPO); 0: none."""
+    precompute_ref_log_probs: bool = False
+    """dpo: run the reference over the data once before the first step and keep only its
+    log-probabilities, so no reference model is held while training (full fine-tunes)."""
+
+
+@dataclass
 class PeftConfig:
     name: str = "none"
     """none, lora or qlora."""
@@ -355,6 +385,8 @@ class RunConfig:
     """How the ranks share the work (engine, sharding, offload): `strategy=NAME`."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Where the ranks run: `cluster=NAME` picks configs/cluster/NAME.yaml."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """What is optimized: `objective=sft` (default) or `objective=dpo`."""
     peft: PeftConfig = field(default_factory=PeftConfig)
     """Parameter-efficient fine-tuning: `peft=NAME` (none: every weight is trained)."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -380,4 +412,6 @@ class RunConfig:
         return self.world_size // max(self.parallel.tp, 1)
 
 
-GROUPS: tuple[str, ...] = ("model", "dataset", "precision", "strategy", "cluster", "peft")
+GROUPS: tuple[str, ...] = (
+    "model", "dataset", "precision", "strategy", "cluster", "objective", "peft",
+)
