@@ -99,11 +99,15 @@ class Engine:
         """TrainingArguments keywords of this engine (they replace the common ones)."""
         return {}
 
-    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
-        """The TrainingArguments of `kwargs` (`trainer_kwargs` included)."""
-        from transformers import TrainingArguments
+    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool,
+                           arguments_class: type | None = None) -> Any:
+        """`arguments_class` (the objective's: TrainingArguments or a TRL config, which
+        subclass it) of `kwargs` (`trainer_kwargs` included)."""
+        if arguments_class is None:
+            from transformers import TrainingArguments
 
-        return TrainingArguments(**kwargs)
+            arguments_class = TrainingArguments
+        return arguments_class(**kwargs)
 
     def checkpoint_for_world(self, cfg: RunConfig, run_dir: RunDir,
                              resume: Path | None) -> tuple[Path | None, bool]:

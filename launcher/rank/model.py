@@ -14,9 +14,10 @@ from launcher.config.schema import RunConfig
 from launcher.engines.base import Engine
 
 
-def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any) -> Any:
+def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = False) -> Any:
     """From cfg.model.path (local dir or hub id), else from the architecture numbers.
-    Under FSDP every rank but 0 builds an unfilled model: accelerate fills each rank's
+    Under FSDP every rank but 0 builds an unfilled model (unless `whole`: a DPO reference,
+    which TRL shards without filling): accelerate fills each rank's
     shards from rank 0's weights at prepare (`cpu_ram_efficient_loading`,
     launcher/engines/fsdp/settings.py). Else every rank built (or read) the whole model on
     its host first, N copies per node (transformers 5.24's from_pretrained has no
@@ -26,7 +27,7 @@ def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any) -> Any:
     set_seed(cfg.train.seed)  # identical initial weights on every rank
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
-    if engine.fills_from_rank_0 and int(os.environ.get("RANK", "0")) != 0:
+    if engine.fills_from_rank_0 and not whole and int(os.environ.get("RANK", "0")) != 0:
         return unfilled_model(cfg, tokenizer)
     if cfg.model.path:
         return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))

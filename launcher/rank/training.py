@@ -8,6 +8,7 @@ from typing import Any
 from launcher.config.report_to import requested
 from launcher.config.schema import RunConfig
 from launcher.engines.base import Engine
+from launcher.rank.objective import arguments_class, objective_kwargs, trainer_parts
 from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
 
@@ -82,15 +83,17 @@ def training_arguments(
             optim="adamw_torch",
             dataloader_pin_memory=False,  # pinning needs an accelerator
         )
+    kwargs.update(objective_kwargs(cfg))
     kwargs.update(engine.trainer_kwargs(cfg, run_dir, on_cpu, load_universal))
-    return engine.training_arguments(kwargs, cfg, on_cpu)
+    return engine.training_arguments(kwargs, cfg, on_cpu, arguments_class(cfg))
 
 
 def make_trainer(
     cfg: RunConfig, engine: Engine, run_dir: RunDir, plan: PlanRecord, args: Any, model: Any,
-    tokenizer: Any, datasets: tuple, resume: str | None,
+    tokenizer: Any, datasets: tuple, resume: str | None, reference: Any = None,
 ) -> Any:
-    """The HF Trainer with the launcher's callbacks, then any from train.callbacks."""
+    """The objective's Trainer (launcher/rank/objective.py) with the launcher's callbacks,
+    then any from train.callbacks; `reference`: a DPO run's reference model."""
     from transformers import PrinterCallback
 
     from launcher.data.loading import collator
@@ -101,14 +104,16 @@ def make_trainer(
 
     metrics = MetricsCallback(run_dir, plan.flops_per_token, plan.peak_flops_per_device, resume)
     train_ds, eval_ds = datasets
-    trainer = engine.trainer_class(cfg)(
+    trainer_class, objective_parts = trainer_parts(
+        cfg, engine, reference,
+        lambda: collator(tokenizer, cfg.dataset.packing, cfg.parallel.sp, cfg.dataset.max_length))
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        data_collator=collator(tokenizer, cfg.dataset.packing, cfg.parallel.sp,
-                               cfg.dataset.max_length),
         processing_class=tokenizer,
+        **objective_parts,
         callbacks=[CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp), PreemptCallback(run_dir),
                    *injected_callbacks(cfg)],
     )

@@ -26,6 +26,7 @@ from launcher.engines import engine_of
 from launcher.engines.base import Engine
 from launcher.rank import imports, memtrace
 from launcher.rank.model import apply_peft, build_model
+from launcher.rank.objective import reference_model
 from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
@@ -90,11 +91,12 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     memtrace.PHASES.phase("model")
     model = apply_peft(build_model(cfg, engine, tokenizer), cfg)
+    reference = reference_model(cfg, engine, tokenizer, args)  # DPO's, when one is held
     timing.mark("model_built")
     memtrace.PHASES.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None
     trainer = make_trainer(cfg, engine, run_dir, plan, args, model, tokenizer, datasets,
-                           resume_text)
+                           resume_text, reference)
     for callback in engine.callbacks(universal):
         trainer.add_callback(callback)
     if watchdog is not None:  # first in line: its beat at a step end comes before any other's

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from launcher import timing
 from launcher.config.compose import compose_config
+from launcher.config.objectives import is_dpo
+from launcher.config.schema import RunConfig
 from launcher.launchers.command import Launch, build_launch
 from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
@@ -109,9 +111,7 @@ def run_local(built: BuiltRun) -> int:
     if returncode == 0 and run_dir.result.is_file():
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
         if built.plan.cfg.train.show_examples > 0:
-            from launcher.inference.examples import show_examples  # torch: only now
-
-            show_examples(built.plan.cfg, run_dir)
+            after_training(built.plan.cfg, run_dir)
         return 0
     if returncode == 0:
         print(
@@ -172,3 +172,15 @@ def disk_full_line(run_dir: RunDir) -> str | None:
     return (f"ftl train: the filesystem of {run_dir.path} is full ({free} bytes free): a "
             f"save could not finish. {resume}. Fix: free space there (or set "
             "train.save_total_limit / run.output_dir on a larger disk), then run again.")
+
+
+def after_training(cfg: RunConfig, run_dir: RunDir) -> None:
+    """train.show_examples: a DPO run's pairs ranked, else greedy answers (torch: only now)."""
+    if is_dpo(cfg):
+        from launcher.inference.pairs import show_pairs
+
+        show_pairs(cfg, run_dir)
+        return
+    from launcher.inference.examples import show_examples
+
+    show_examples(cfg, run_dir)

@@ -20,13 +20,22 @@ def series(history: list[MetricsEvent], key: str) -> tuple[list[float], list[flo
     return [p[0] for p in points], [p[1] for p in points]
 
 
+REWARD_CURVES = (
+    ("rewards/margins", "train margin"), ("rewards/accuracies", "train accuracy"),
+    ("eval_rewards/margins", "eval margin"), ("eval_rewards/accuracies", "eval accuracy"),
+)
+"""TRL DPOTrainer's logged keys: the chosen reward minus the rejected one, and the share of
+pairs where it is positive."""
+
+
 def draw_png(history: list[MetricsEvent], out: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+    preference = any(series(history, key)[0] for key, _ in REWARD_CURVES)
+    figure, axes = plt.subplots(1, 4 if preference else 3, figsize=(20 if preference else 15, 4))
     for key, label in (("loss", "train loss"), ("eval_loss", "eval loss")):
         axes[0].plot(*series(history, key), marker="o", markersize=3, label=label)
     axes[0].set_title("loss")
@@ -36,6 +45,11 @@ def draw_png(history: list[MetricsEvent], out: Path, title: str) -> Path:
     axes[1].set_title("learning rate")
     axes[2].plot(*series(history, "tokens_per_s"), color="tab:red")
     axes[2].set_title("tokens / s (all ranks)")
+    if preference:
+        for key, label in REWARD_CURVES:
+            axes[3].plot(*series(history, key), marker="o", markersize=3, label=label)
+        axes[3].set_title("DPO implicit reward (policy vs reference)")
+        axes[3].legend()
     for axis in axes:
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
@@ -58,6 +72,10 @@ def summary(files: RunDir, history: list[MetricsEvent]) -> str:
         lines.append(f"train loss: {losses[0]:.4f} -> {losses[-1]:.4f} ({len(losses)} logs)")
     if evals:
         lines.append(f"eval loss: {evals[0]:.4f} -> {evals[-1]:.4f}")
+    for key, label in REWARD_CURVES:
+        values = series(history, key)[1]
+        if values:
+            lines.append(f"reward {label}: {values[0]:.4f} -> {values[-1]:.4f}")
     for key, label in (("tokens_per_s", "throughput, tokens/s"), ("tflops", "achieved TFLOP/s"),
                        ("mfu", "MFU")):
         values = series(history, key)[1]

@@ -23,6 +23,7 @@ from launcher.rundir.records import (
     HangRecord,
     LaunchRecord,
     MetricsEvent,
+    PairsRecord,
     PlanRecord,
     Preempted,
     RankMetrics,
@@ -51,6 +52,7 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESULT = "result.json"
 EXAMPLES = "examples.json"
+PAIRS = "pairs.json"
 DOCTOR = "doctor.json"
 LOGS = "logs"
 PROBES = "probes"
@@ -115,6 +117,7 @@ class RunDir:
     rank_metrics = _file("metrics")
     result = _file(RESULT)
     examples = _file(EXAMPLES)
+    pairs = _file(PAIRS)
     tensorboard = _file("tensorboard")
     trackers = _file(TRACKERS)
     logs = _file(LOGS)
@@ -132,6 +135,7 @@ class RunDir:
     read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
     read_result, write_result = _json_file(RESULT, RunResult, indent=2)
     write_examples = _json_file(EXAMPLES, ExamplesRecord, indent=2)[1]
+    read_pairs, write_pairs = _json_file(PAIRS, PairsRecord, indent=2)
     read_preempted, write_preempted = _json_file(PREEMPTED, Preempted)
     read_trackers, write_trackers = _json_file(TRACKERS, TrackerRuns)
 

@@ -113,6 +113,17 @@ class Example(Record):
 
 
 @dataclass(frozen=True)
+class PairsRecord(Record):
+    """pairs.json (`ftl train` after the ranks of a DPO run, train.show_examples > 0): the
+    share of `count` held-out preference pairs whose chosen answer the model's own
+    log-likelihood ranks above the rejected one, with the initial and the final model."""
+
+    count: int
+    ranked_before: float
+    ranked_after: float
+
+
+@dataclass(frozen=True)
 class ExamplesRecord(Record):
     """examples.json (`ftl train` after the ranks, train.show_examples > 0): the exact-match
     rates over `count` held-out prompts before and after training, and every answer."""

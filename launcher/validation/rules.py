@@ -10,6 +10,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from launcher.config.hardware import GPU_PRESETS
+from launcher.config.objectives import OBJECTIVES
 from launcher.config.report_to import name_problems as tracker_names
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
@@ -19,12 +20,14 @@ from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
 from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
+from launcher.validation.objective import objective_problems
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": PRECISIONS,
     "cluster.launcher": ("torchrun", "deepspeed"),
     "cluster.gpu": tuple(GPU_PRESETS),
     "peft.name": ("none", "lora", "qlora"),
+    "objective.name": OBJECTIVES,
     "dataset.format": FORMATS,
     "dataset.template": ("auto", "builtin"),
     "train.optimizer": OPTIMIZERS,
@@ -46,7 +49,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
     data's."""
     rules: list[Callable[[RunConfig], list[str]]] = [
         _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
-        _plain_names, model_parallel_problems, _watchdog, tracker_names, data_problems,
+        _plain_names, model_parallel_problems, _watchdog, tracker_names, objective_problems,
+        data_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 

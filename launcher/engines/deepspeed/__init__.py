@@ -140,10 +140,11 @@ class DeepSpeedEngine(Engine):
             kwargs["parallelism_config"] = parallelism_config(cfg.parallel.sp)
         return kwargs
 
-    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
+    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool,
+                           arguments_class: type | None = None) -> Any:
         bf16_on_cpu = on_cpu and cfg.precision.name == "bf16"
         with _bf16_check_asks_deepspeed() if bf16_on_cpu else contextlib.nullcontext():
-            return super().training_arguments(kwargs, cfg, on_cpu)
+            return super().training_arguments(kwargs, cfg, on_cpu, arguments_class)
 
     def checkpoint_for_world(self, cfg: RunConfig, run_dir: RunDir,
                              resume: Path | None) -> tuple[Path | None, bool]:

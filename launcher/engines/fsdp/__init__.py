@@ -78,8 +78,9 @@ class FsdpEngine(Engine):
         # redundant all-gather in backward (transformers issue 30404).
         return {**json.loads(run_dir.fsdp.read_text()), "activation_checkpointing": False}
 
-    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool) -> Any:
-        args = super().training_arguments(kwargs, cfg, on_cpu)
+    def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool,
+                           arguments_class: type | None = None) -> Any:
+        args = super().training_arguments(kwargs, cfg, on_cpu, arguments_class)
         # e.g. CPUOffloadPolicy(pin_memory=False): the default pins memory, needing a GPU.
         args.fsdp_plugin_args.update(fsdp_plugin_overrides(cfg))
         return args

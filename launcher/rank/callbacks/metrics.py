@@ -146,10 +146,13 @@ def record_finish(trainer: Any) -> None:
 
 
 PROGRESS = (("loss", "loss {:.4f}"), ("learning_rate", "lr {:.2e}"),
-            ("eval_loss", "eval_loss {:.4f}"), ("train_runtime", "training done in {:.1f} s"),
+            ("eval_loss", "eval_loss {:.4f}"), ("rewards/accuracies", "reward acc {:.2f}"),
+            ("eval_rewards/accuracies", "eval reward acc {:.2f}"),
+            ("train_runtime", "training done in {:.1f} s"),
             ("train_loss", "mean loss {:.4f}"), ("tokens_per_s", "{:.0f} tok/s"),
             ("mfu", "MFU {:.1%}"))
-"""The progress line's fields, in order (train_*: only the end-of-training summary)."""
+"""The progress line's fields, in order (train_*: only the end-of-training summary;
+rewards: TRL's DPOTrainer)."""
 
 
 def progress_line(event: MetricsEvent, max_steps: int) -> str:
