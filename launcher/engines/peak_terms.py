@@ -96,3 +96,58 @@ def trainable_view(x: PeakInputs, lo: LoraInputs) -> PeakInputs:
     that require grad; DDP buckets only those)."""
     return replace(x, psi=lo.adapters, largest_tensor=lo.largest_adapter, p=lo.adapter_bytes,
                    autocast_acts=0.0)
+
+
+# ---------------------------------------------------------------- DPO's reference model
+
+
+def reference_weights(psi: int, n: int, stage: int, weight_bytes: int,
+                      offload_param: bool) -> Split:
+    """The frozen reference model of a full fine-tune under objective=dpo (psi
+    parameters per rank, n ranks sharing a shard group), as TRL 1.16's DPOTrainer holds it
+    beside the policy (derived from its code, not measured): it loads
+    a second copy of the model in the policy's dtype (fp32 here) and prepares it for the
+    engine. `stage` is the ZeRO stage the engine acts like (Engine.memory_stage):
+
+    - 0 (DDP): accelerate's prepare_model(evaluation_mode=True), a full replica per rank,
+      not cast (weight_bytes 4: fp32 under autocast, like the policy's weights);
+    - 1, 2 (ZeRO-1/2): a DeepSpeed engine at stage 0 (trl prepare_deepspeed): a full
+      replica per rank in the training precision (weight_bytes = p);
+    - 3 (ZeRO-3, FSDP): wrapped like the policy, sharded over the n ranks, no grads nor
+      optimizer (ZeRO-3: p bytes; FSDP2 keeps fp32 shards); ZeRO-3's offload_param and
+      FSDP's CPUOffloadPolicy keep the shards on the host.
+
+    Its load (a full copy on each rank's host before the engine casts or shards it,
+    except under ZeRO-3's zero.Init) is not counted."""
+    if stage < 3:
+        return (float(weight_bytes * psi), 0.0)
+    part = weight_bytes * psi / n
+    return (0.0, part) if offload_param else (part, 0.0)
+
+
+def reference_forward(x: PeakInputs, layer_acts: float, logits: float, stage: int,
+                      weight_bytes: int, module_gathers: bool) -> float:
+    """Device bytes the reference's forward adds while it runs (derived from TRL's code, not
+    measured): TRL runs it under no_grad right after the policy's forward, whose
+    activations are all alive, so it keeps one layer's activations and its logits at a
+    time, plus the weights it gathers. Sharded (stage 3): ZeRO-3 (`module_gathers`)
+    gathers module by module and keeps up to max_live elements gathered, as the policy's
+    forward does (p*min(psi, max_live)); FSDP2, which trl's prepare_fsdp applies to the
+    root module only, unshards the whole model for the forward (p*psi under a 16-bit
+    MixedPrecisionPolicy). An fp32 replica under 16-bit autocast caches a 16-bit copy of
+    each weight until its forward ends (2psi)."""
+    if stage == 3:
+        gathered = x.p * (min(x.psi, x.max_live) if module_gathers else x.psi)
+    else:
+        gathered = 2.0 * x.psi if weight_bytes == 4 and x.p == 2 else 0.0
+    return layer_acts + logits + gathered
+
+
+def with_reference(moments: dict[str, Split], weights: Split,
+                   during_training: bool) -> dict[str, Split]:
+    """Every moment plus the reference's weights; with during_training False (FSDP with
+    precompute_ref_log_probs: TRL shards it, precomputes the log-probs before the first
+    step, then frees it) construction only."""
+    keys = moments if during_training else ("construction",)
+    return {m: (d + weights[0], h + weights[1]) if m in keys else (d, h)
+            for m, (d, h) in moments.items()}

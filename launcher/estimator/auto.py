@@ -114,6 +114,9 @@ def nothing_fits(cfg: RunConfig, reasons: list[str]) -> list[str]:
                 f"{cluster.gpu}:"]
     problems += [f"strategy=auto: {reason}" for reason in reasons]
     fixes = []
+    if (cfg.objective.name == "dpo" and cfg.peft.name == "none"
+            and not cfg.objective.precompute_ref_log_probs):  # no reference while training
+        fixes.append(_tried(cfg, {"objective.precompute_ref_log_probs": True}))
     if cfg.peft.name == "none":
         fixes.append(_tried(cfg, {"peft.name": "lora", "peft.bits": 16}))
         fixes.append(_tried(cfg, {"peft.name": "qlora", "peft.bits": 4}))

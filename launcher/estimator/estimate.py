@@ -20,6 +20,8 @@ from launcher.estimator.memory import (
     FRAMEWORK_BUFFER_BYTES,
     GIB,
     model_state_bytes,
+    reference_bytes,
+    reference_placement,
 )
 from launcher.estimator.peak import predict_peak
 
@@ -53,6 +55,12 @@ class StrategyEstimate:
     """GPU presets: the most host-side tensor bytes one rank holds at a moment (offloaded
     states, a checkpoint gathered on rank 0's host: FSDP FULL_STATE_DICT, ZeRO-3's 16-bit
     save); not in the host fit check. 0 on the cpu preset, where peak_bytes counts them."""
+    reference_bytes: float = 0.0
+    """objective=dpo: the frozen reference model's bytes per GPU while training (in
+    model_state_gpu_bytes; on the host under ZeRO-3 offload_param, then in host_bytes
+    instead); 0 when none is held (objective=sft, LoRA/QLoRA, precompute_ref_log_probs)."""
+    reference: str = ""
+    """objective=dpo: where the reference lives, in words; "" for objective=sft."""
 
 
 @dataclass
@@ -95,6 +103,7 @@ def strategy_estimate(
         strategy.name, states, peak.acts, peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
+        reference_bytes(cfg, strategy)[0], reference_placement(cfg, strategy),
     )
 
 

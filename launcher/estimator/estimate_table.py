@@ -9,7 +9,7 @@ from typing import Any
 
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
-from launcher.estimator.flops import flops_factor
+from launcher.estimator.flops import is_dpo, run_flops_factor
 from launcher.estimator.memory import FIT_FRACTION, GIB, rank_sequence
 
 
@@ -24,8 +24,10 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
     big = max(r.gpu_bytes for r in est.strategies) >= GIB
     unit, size = ("GiB", GIB) if big else ("MiB", 1024**2)
     lines = [*_header(cfg, est), ""]
+    dpo = is_dpo(cfg)  # a column of the reference's bytes, within states
     lines.append(
-        f"  {'strategy':<14}{'states ' + unit:>11}{'activ. ' + unit:>11}{'peak ' + unit:>11}"
+        f"  {'strategy':<14}{'states ' + unit:>11}" + (f"{'ref ' + unit:>9}" if dpo else "")
+        + f"{'activ. ' + unit:>11}{'peak ' + unit:>11}"
         f"{'total ' + unit:>11}{'fits':>6}{'host ' + unit + '/node':>15}{'time':>10}"
     )
     for row in est.strategies:
@@ -34,11 +36,14 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
         peak = f"{row.peak_bytes / size:.2f}" + ("c" if row.construction_above_training else "")
         lines.append(
             f"{mark} {row.strategy:<14}{row.model_state_gpu_bytes / size:>11.2f}"
-            f"{row.activation_bytes / size:>11.2f}{peak:>11}{row.gpu_bytes / size:>11.2f}"
+            + (f"{row.reference_bytes / size:>9.2f}" if dpo else "")
+            + f"{row.activation_bytes / size:>11.2f}{peak:>11}{row.gpu_bytes / size:>11.2f}"
             f"{fits:>6}{row.host_bytes / size:>15.1f}{_duration(row.est_seconds):>10}"
         )
     if any(row.construction_above_training for row in est.strategies):
         lines.append("  c: model construction (build + engine wrapping) peaks above training")
+    if dpo:
+        lines += _reference_lines(est)
     lines += ["", _chosen_line(cfg, chosen)]
     return "\n".join(lines)
 
@@ -60,11 +65,23 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
         "step and checkpoint save; states = model states as the optimizer step starts); "
         f"total = peak + {buffers:g} GiB framework allowance; fits = total <= "
-        f"{FIT_FRACTION:.0%} of device memory; micro batch "
-        f"{cfg.train.micro_batch_size} x {cfg.dataset.max_length} tokens"
+        f"{FIT_FRACTION:.0%} of device memory; micro batch " + _micro_batch_text(cfg)
         + (f" ({rank_sequence(cfg)} per rank)" if cfg.parallel.sp > 1 else "")
         + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
     ]
+
+
+def _reference_lines(est: Estimate) -> list[str]:
+    """objective=dpo: where the frozen reference lives, one line per placement naming its
+    rows (one line when every row has the same)."""
+    placements: dict[str, list[str]] = {}
+    for row in est.strategies:
+        placements.setdefault(row.reference, []).append(row.strategy)
+    head = "  ref: DPO's frozen reference model (TRL), in states"
+    if len(placements) == 1:
+        return [f"{head}: {next(iter(placements))}"]
+    return [f"{head}:", *(f"    {', '.join(names)}: {where}"
+                          for where, names in placements.items())]
 
 
 def _model_parallel_text(cfg: RunConfig) -> str:
@@ -75,6 +92,13 @@ def _model_parallel_text(cfg: RunConfig) -> str:
         return (f"; parallel.sp={sp}: each sequence split over {sp} ranks (Ulysses all-to-all "
                 f"in every attention), {cfg.dp_size} data-parallel")
     return ""
+
+
+def _micro_batch_text(cfg: RunConfig) -> str:
+    b, s = cfg.train.micro_batch_size, cfg.dataset.max_length
+    if is_dpo(cfg):
+        return f"{b} pair(s) = {2 * b} x {s} tokens (chosen + rejected)"
+    return f"{b} x {s} tokens"
 
 
 def _count(n: int) -> str:
@@ -88,8 +112,10 @@ def _compute_line(cfg: RunConfig, est: Estimate) -> str:
     if est.tokens is None or est.flops is None:
         return ("compute: unknown - the token count is not known; set dataset.num_tokens "
                 "(tokens per epoch) or train.max_steps")
-    factor = flops_factor(cfg.train.gradient_checkpointing, cfg.peft.name != "none")
-    return (f"compute: {est.tokens:.3g} tokens, {est.flops:.3g} FLOPs ({factor}PD), "
+    factor = run_flops_factor(cfg)
+    what = " of chosen + rejected sequences" if is_dpo(cfg) else ""
+    ref = ", the reference forward included" if is_dpo(cfg) else ""
+    return (f"compute: {est.tokens:.3g} tokens{what}, {est.flops:.3g} FLOPs ({factor}PD{ref}), "
             f"{_duration(est.est_seconds)} at MFU {cfg.train.mfu:g} = {est.gpu_hours:.3g} "
             "GPU-hours (same MFU for every row)")
 

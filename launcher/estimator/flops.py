@@ -5,7 +5,11 @@ the worker's MFU callback share these figures without loading a model.
 
 - Parameters: launcher/config/architecture.py.
 - Compute: C = 6PD (Kaplan et al. 2020; flops_factor), attention's s^2 FLOPs left out
-  as in the 6PD rule.
+  as in the 6PD rule. objective=dpo adds the frozen reference's forward, 2PD.
+- Tokens D: tokens of the sequences the model runs. Under objective=dpo a row (a pair) is
+  two sequences, prompt + chosen and prompt + rejected (TRL's DataCollatorForPreference
+  concatenates them into one batch of 2 x micro_batch_size), so a pair counts the prompt
+  twice and D doubles against one sequence per row (sequences_per_row).
 - Time = C / (world size x peak x `train.mfu`), the same MFU for every strategy: offload
   usually runs at a lower MFU, which we do not guess.
 """
@@ -46,43 +50,76 @@ def global_batch_size(cfg: RunConfig) -> int:
     return train.global_batch_size or train.micro_batch_size * train.grad_accum * cfg.dp_size
 
 
+def is_dpo(cfg: RunConfig) -> bool:
+    return cfg.objective.name == "dpo"
+
+
+def sequences_per_row(cfg: RunConfig) -> int:
+    """Sequences one batch row runs through the model: 2 under objective=dpo (prompt +
+    chosen, prompt + rejected, each up to dataset.max_length), else 1."""
+    return 2 if is_dpo(cfg) else 1
+
+
+def holds_reference(cfg: RunConfig) -> bool:
+    """objective=dpo's reference is a model of its own: a full fine-tune's. Under LoRA/QLoRA
+    TRL runs the base with the adapters disabled instead."""
+    return is_dpo(cfg) and cfg.peft.name == "none"
+
+
 def training_tokens(cfg: RunConfig) -> int | None:
-    """Tokens D the run processes; None when neither max_steps nor num_tokens says."""
+    """Tokens D the run processes; None when neither max_steps nor num_tokens says.
+    objective=dpo: tokens of chosen + rejected sequences, the prompt counted in each (from
+    max_steps: 2 x pairs x dataset.max_length; dataset.num_tokens is read as that count)."""
     if cfg.train.max_steps > 0:
-        return cfg.train.max_steps * global_batch_size(cfg) * cfg.dataset.max_length
+        return (cfg.train.max_steps * global_batch_size(cfg) * sequences_per_row(cfg)
+                * cfg.dataset.max_length)
     if cfg.dataset.num_tokens:
         return int(cfg.dataset.num_tokens * cfg.train.epochs)
     return None
 
 
-def flops_factor(gradient_checkpointing: bool = False, frozen_base: bool = False) -> int:
+def flops_factor(gradient_checkpointing: bool = False, frozen_base: bool = False,
+                 reference: bool = False) -> int:
     """FLOPs per parameter per token: 6 (2 forward + 4 backward), 4 with a frozen base
-    (no weight gradients), + 2 for the forward that gradient checkpointing repeats."""
-    return (4 if frozen_base else 6) + (2 if gradient_checkpointing else 0)
+    (no weight gradients), + 2 for the forward that gradient checkpointing repeats, + 2
+    for DPO's reference forward (no_grad; under LoRA the base with adapters disabled)."""
+    return (4 if frozen_base else 6) + (2 if gradient_checkpointing else 0) + (
+        2 if reference else 0)
+
+
+def run_flops_factor(cfg: RunConfig) -> int:
+    """flops_factor of cfg's run as the clock pays it: recomputation and, under
+    objective=dpo, the reference forward (also with precompute_ref_log_probs: the same
+    forward, run before the first step; counted per trained token, so an over-count when
+    epochs > 1, as TRL precomputes once)."""
+    return flops_factor(cfg.train.gradient_checkpointing, cfg.peft.name != "none", is_dpo(cfg))
 
 
 def training_flops(
-    params: int, tokens: int, gradient_checkpointing: bool = False, frozen_base: bool = False
+    params: int, tokens: int, gradient_checkpointing: bool = False, frozen_base: bool = False,
+    reference: bool = False,
 ) -> float:
     """C = flops_factor x PD (the adapters' own FLOPs are negligible)."""
-    return float(flops_factor(gradient_checkpointing, frozen_base)) * params * tokens
+    return float(flops_factor(gradient_checkpointing, frozen_base, reference)) * params * tokens
 
 
 def run_flops(cfg: RunConfig, tokens: int) -> float:
     """C for `tokens` tokens of this run, recomputation included (what the clock pays for)."""
-    return training_flops(
-        count_params(cfg.model), tokens, cfg.train.gradient_checkpointing, cfg.peft.name != "none"
-    )
+    return float(run_flops_factor(cfg)) * count_params(cfg.model) * tokens
 
 
 def flops_per_token(cfg: RunConfig) -> float:
-    """Model FLOPs per trained token, the numerator of MFU.
+    """Model FLOPs per trained token, the numerator of MFU (objective=dpo: per token of
+    chosen + rejected sequences, the reference forward included, 8P for a full fine-tune;
+    not with precompute_ref_log_probs, whose reference forward runs before the steps).
 
     Gradient checkpointing is left OUT: MFU counts the FLOPs the model needs, not the
     recomputed forward (that would be hardware FLOPs utilisation), so a run that
     recomputes shows a lower MFU for the same tokens/s, as in the PaLM paper's definition.
     """
-    return training_flops(count_params(cfg.model), 1, frozen_base=cfg.peft.name != "none")
+    reference = is_dpo(cfg) and not cfg.objective.precompute_ref_log_probs
+    return training_flops(count_params(cfg.model), 1, frozen_base=cfg.peft.name != "none",
+                          reference=reference)
 
 
 def peak_flops(preset: GpuPreset, precision: str) -> float:

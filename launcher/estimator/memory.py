@@ -3,6 +3,10 @@ optimizer step starts, and the offloaded host RAM per node; docs/evidence/memory
 accounting"), activations (fitted to live tensor bytes, 2 CPU ranks, fp32: section 4;
 Korthikanti et al. 2022's s*b*h*(34 + 5as/h) per layer was the estimator before) and the
 framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure arithmetic.
+
+objective=dpo (derived from TRL 1.16's DPOTrainer, not measured): a micro batch is
+2 x train.micro_batch_size sequences (micro_sequences), and a full fine-tune holds a frozen
+reference model beside the policy (reference_bytes), in the model states.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
-from launcher.estimator.flops import adapter_params, lora_targets
+from launcher.engines.peak_terms import Split, reference_weights
+from launcher.estimator.flops import (
+    adapter_params,
+    holds_reference,
+    lora_targets,
+    sequences_per_row,
+)
 
 GIB = 1024**3
 
@@ -102,7 +112,73 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     # offloaded: fp32 master, grads and Adam (+ the 16-bit params) on each node's host
     per_param = (16 + (p if strategy.offload_param else 0)) if strategy.offload_optimizer else 0
     host = per_param * psi * cfg.cluster.gpus_per_node / n * DEEPSPEED_BUFFER_FACTOR
+    if holds_reference(cfg):  # objective=dpo: + the frozen reference, per rank held
+        device, on_host = reference_bytes(cfg, strategy)
+        return sum(parts.values()) + device, host + on_host * cfg.cluster.gpus_per_node
     return sum(parts.values()), host
+
+
+# ---------------------------------------------------------------- DPO's reference model
+
+
+def reference_weight_bytes(cfg: RunConfig, strategy: StrategyConfig) -> int:
+    """Bytes per reference weight: TRL loads it in the policy's dtype (fp32 for a full
+    fine-tune, launcher/rank/model.model_dtype); a DeepSpeed engine (fp32 masters apart)
+    casts it to the training precision, DDP and FSDP2 keep fp32."""
+    if engine_of(strategy).separate_master_weights:
+        return param_bytes(cfg.precision.name)
+    return 4
+
+
+def reference_wrapped_by_trl(strategy: StrategyConfig) -> bool:
+    """A sharding engine without DeepSpeed's own engine (FSDP2): TRL's prepare_fsdp shards
+    the reference's root module only, and loads the reference even with
+    precompute_ref_log_probs (for the precompute, then frees it)."""
+    engine = engine_of(strategy)
+    return engine.memory_stage(strategy) == 3 and not engine.separate_master_weights
+
+
+def reference_split(cfg: RunConfig, strategy: StrategyConfig) -> Split:
+    """(device, host) bytes per rank of objective=dpo's reference model once the engine
+    wraps it (launcher/engines/peak_terms.reference_weights); (0, 0) where TRL builds none:
+    objective=sft, LoRA/QLoRA (TRL disables the adapters for the reference pass), and
+    precompute_ref_log_probs except under FSDP (loaded for the precompute only)."""
+    if not holds_reference(cfg) or (cfg.objective.precompute_ref_log_probs
+                                    and not reference_wrapped_by_trl(strategy)):
+        return (0.0, 0.0)
+    return reference_weights(
+        rank_params(cfg.model, cfg.parallel.tp), cfg.shard_size,
+        engine_of(strategy).memory_stage(strategy), reference_weight_bytes(cfg, strategy),
+        strategy.offload_param)
+
+
+def reference_bytes(cfg: RunConfig, strategy: StrategyConfig) -> Split:
+    """(device, host) bytes per rank of the reference held while training: reference_split,
+    but none with precompute_ref_log_probs (TRL frees FSDP's after the precompute)."""
+    if cfg.objective.precompute_ref_log_probs:
+        return (0.0, 0.0)
+    return reference_split(cfg, strategy)
+
+
+def reference_placement(cfg: RunConfig, strategy: StrategyConfig) -> str:
+    """Where objective=dpo's reference lives under `strategy`, in words (the estimate
+    table); "" for objective=sft."""
+    if cfg.objective.name != "dpo":
+        return ""
+    if cfg.peft.name != "none":
+        return f"none ({cfg.peft.name}: the base with the adapters disabled)"
+    if cfg.objective.precompute_ref_log_probs:
+        if reference_wrapped_by_trl(strategy):
+            return "none while training (precompute_ref_log_probs; sharded before step 1)"
+        return "none (precompute_ref_log_probs)"
+    stage, dtype = engine_of(strategy).memory_stage(strategy), (
+        "fp32" if reference_weight_bytes(cfg, strategy) == 4 else cfg.precision.name)
+    if stage == 0:
+        return f"full {dtype} replica per rank"
+    if stage < 3:
+        return f"full {dtype} replica per rank (TRL runs it at ZeRO stage 0)"
+    where = "on the host" if strategy.offload_param else "on the GPU"
+    return f"{dtype}, sharded like the policy, {where}"
 
 
 def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
@@ -148,6 +224,13 @@ def layer_activation_elements(model: ModelConfig, tp: int = 1, sp: int = 1) -> f
     return 2 * h + (6 * h + 2 * kv + 4 * model.intermediate_size) / tp + ulysses
 
 
+def micro_sequences(cfg: RunConfig) -> int:
+    """Sequences of one micro batch: train.micro_batch_size, twice it under objective=dpo
+    (TRL's DataCollatorForPreference puts each pair's chosen and rejected sequence, each
+    with the prompt, into one batch)."""
+    return cfg.train.micro_batch_size * sequences_per_row(cfg)
+
+
 def rank_sequence(cfg: RunConfig) -> int:
     """Tokens of each sequence one rank runs: dataset.max_length, split over the
     sequence-parallel ranks (padded to a multiple of parallel.sp)."""
@@ -162,7 +245,7 @@ def activation_bytes(cfg: RunConfig) -> float:
     attention scores (measured: the s = 128 run doubled, it did not quadruple). With
     gradient checkpointing each layer keeps its input only (measured -2.7 %)."""
     model = cfg.model
-    s, b, h = rank_sequence(cfg), cfg.train.micro_batch_size, model.hidden_size
+    s, b, h = rank_sequence(cfg), micro_sequences(cfg), model.hidden_size
     per_layer = (h if cfg.train.gradient_checkpointing
                  else layer_activation_elements(model, cfg.parallel.tp, cfg.parallel.sp))
     layers = model.num_layers * per_layer + 3 * h
@@ -170,8 +253,11 @@ def activation_bytes(cfg: RunConfig) -> float:
 
 
 def logits_bytes(cfg: RunConfig, s: int) -> float:
+    """One micro batch's logits and their fp32 log-softmax. objective=dpo: TRL's fused LM
+    head scores the answer tokens in chunks and never holds the whole s x b x V logits,
+    so there this term is an upper bound (not measured)."""
     p = param_bytes(cfg.precision.name)
-    return s * cfg.train.micro_batch_size * cfg.model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
+    return s * micro_sequences(cfg) * cfg.model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
 
 
 LORA_INPUT = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
@@ -199,7 +285,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
     if cfg.train.gradient_checkpointing:
         return activation_bytes(cfg)
     model = cfg.model
-    s, b, h, r = cfg.dataset.max_length, cfg.train.micro_batch_size, model.hidden_size, cfg.peft.r
+    s, b, h, r = cfg.dataset.max_length, micro_sequences(cfg), model.hidden_size, cfg.peft.r
     e = param_bytes(cfg.precision.name)
     mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
     kv = h // model.num_heads * model.num_kv_heads
@@ -221,6 +307,11 @@ def recompute_bytes(cfg: RunConfig) -> float:
     time (derived, not isolated by a measurement); 0 without it."""
     if not cfg.train.gradient_checkpointing:
         return 0.0
-    s, b = rank_sequence(cfg), cfg.train.micro_batch_size
+    return layer_bytes(cfg)
+
+
+def layer_bytes(cfg: RunConfig) -> float:
+    """One decoder layer's activations of one micro batch."""
+    s, b = rank_sequence(cfg), micro_sequences(cfg)
     return float(param_bytes(cfg.precision.name) * s * b
                  * layer_activation_elements(cfg.model, cfg.parallel.tp, cfg.parallel.sp))

@@ -18,15 +18,27 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import STAGE3_MAX_LIVE_PARAMETERS, bucket_elements
-from launcher.engines.peak_terms import LoraInputs, PeakInputs, larger
-from launcher.estimator.flops import adapter_params, lora_targets
+from launcher.engines.peak_terms import (
+    LoraInputs,
+    PeakInputs,
+    larger,
+    reference_forward,
+    with_reference,
+)
+from launcher.estimator.flops import adapter_params, is_dpo, lora_targets
 from launcher.estimator.memory import (
     activation_bytes,
+    layer_bytes,
+    logits_bytes,
     lora_activation_bytes,
+    micro_sequences,
     model_state_bytes,
     param_bytes,
     rank_sequence,
     recompute_bytes,
+    reference_split,
+    reference_weight_bytes,
+    reference_wrapped_by_trl,
 )
 
 TRAINING_MOMENTS = ("between_steps", "forward_backward", "optimizer_step")
@@ -101,7 +113,7 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
         largest_tensor=max(v * h, h * i // tp, h * h // tp),
         acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
         autocast_acts=0.0 if cfg.precision.name == "fp32" else (  # 12h bytes/token and layer
-            12.0 * h * (rank_sequence(cfg) * cfg.train.micro_batch_size) * model.num_layers),
+            12.0 * h * (rank_sequence(cfg) * micro_sequences(cfg)) * model.num_layers),
         # GPU presets run a fused Adam (DeepSpeed FusedAdam/CPUAdam, torch fused); the cpu
         # preset the Trainer's torch AdamW, single-tensor on CPU
         fused_optimizer=not gpu_preset(cfg.cluster.gpu).is_cpu,
@@ -112,21 +124,51 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     )
 
 
+def reference_forward_bytes(cfg: RunConfig, strategy: StrategyConfig, x: PeakInputs) -> float:
+    """objective=dpo: what the reference's no_grad forward adds at the policy forward's end
+    (peak_terms.reference_forward; LoRA: the policy's own base with the adapters disabled,
+    which gathers nothing more); 0 for objective=sft and with precompute_ref_log_probs."""
+    if not is_dpo(cfg) or cfg.objective.precompute_ref_log_probs:
+        return 0.0
+    layer, logits = layer_bytes(cfg), logits_bytes(cfg, rank_sequence(cfg))
+    if cfg.peft.name != "none":
+        return layer + logits
+    return reference_forward(x, layer, logits, engine_of(strategy).memory_stage(strategy),
+                             reference_weight_bytes(cfg, strategy),
+                             module_gathers=not reference_wrapped_by_trl(strategy))
+
+
 def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     """Per-rank peak of cfg's run under `strategy`. LoRA: the engine's lora_moments (a
     frozen base, measured). QLoRA is not measured (it needs a pretrained checkpoint and
-    bitsandbytes' 4-bit kernels): its one moment is model states plus activations."""
+    bitsandbytes' 4-bit kernels): its one moment is model states plus activations.
+
+    objective=dpo (derived, not measured): activations of 2 x micro_batch_size sequences;
+    the reference's forward at the policy forward's end, passed to the moments inside the
+    activations (reference_forward_bytes; the reported acts leave it out); the reference's
+    weights at every moment (peak_terms.with_reference; FSDP with
+    precompute_ref_log_probs: at construction only, the precompute's own forward left
+    out)."""
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     if cfg.peft.name == "qlora":
         acts = activation_bytes(cfg)
         total = model_state_bytes(cfg, strategy)[0] + acts
+        if is_dpo(cfg):
+            total += reference_forward_bytes(cfg, strategy, peak_inputs(cfg, strategy))
         return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts)
     x, engine = peak_inputs(cfg, strategy), engine_of(strategy)
     if cfg.peft.name == "lora":
         x, lo = replace(x, acts=lora_activation_bytes(cfg)), lora_inputs(cfg, strategy)
+    acts = x.acts
+    if is_dpo(cfg):
+        x = replace(x, acts=acts + reference_forward_bytes(cfg, strategy, x))
+    if cfg.peft.name == "lora":
         moments, trainable = engine.lora_moments(x, lo, strategy), lo.adapters
     else:
         moments, trainable = engine.moments(x, strategy), x.psi
+    if is_dpo(cfg):
+        moments = with_reference(moments, reference_split(cfg, strategy),
+                                 during_training=not cfg.objective.precompute_ref_log_probs)
     if "first_step" not in moments:
         # Adam's states (8 bytes per trainable parameter, on the host under offload) appear
         # only inside its optimizer step, so the first step's forward/backward holds all but
@@ -140,6 +182,6 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))
     if on_cpu:  # one memory: the tracker counts host tensors too
-        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0, x.acts)
+        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0, acts)
     host = max(h for _, h in moments.values())
-    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host, x.acts)
+    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host, acts)
