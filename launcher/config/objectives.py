@@ -33,9 +33,19 @@ def is_dpo(cfg: RunConfig) -> bool:
     return cfg.objective.name == DPO
 
 
+def sequences_per_row(cfg: RunConfig) -> int:
+    """Sequences one batch row runs through the model: 2 under objective=dpo (prompt +
+    chosen, prompt + rejected, each up to dataset.max_length), else 1."""
+    return 2 if is_dpo(cfg) else 1
+
+
+def has_reference_model(cfg: RunConfig) -> bool:
+    """A DPO run whose reference is a model of its own: a full fine-tune's. LoRA/QLoRA:
+    the base with its adapters disabled is the reference."""
+    return is_dpo(cfg) and cfg.peft.name == "none"
+
+
 def holds_reference(cfg: RunConfig) -> bool:
-    """A DPO run whose ranks keep a second, frozen model through training: a full
-    fine-tune without precomputed reference log-probabilities. LoRA/QLoRA: the base with
-    its adapters disabled is the reference."""
-    return (is_dpo(cfg) and cfg.peft.name == "none"
-            and not cfg.objective.precompute_ref_log_probs)
+    """A DPO run whose ranks keep that second, frozen model through training: without
+    precomputed reference log-probabilities."""
+    return has_reference_model(cfg) and not cfg.objective.precompute_ref_log_probs

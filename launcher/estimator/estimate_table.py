@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
-from launcher.estimator.flops import is_dpo, run_flops_factor
+from launcher.estimator.flops import run_flops_factor
 from launcher.estimator.memory import FIT_FRACTION, GIB, rank_sequence
 
 

@@ -21,6 +21,7 @@ from launcher.config.architecture import (
     linear_shapes,
 )
 from launcher.config.hardware import GpuPreset, gpu_preset
+from launcher.config.objectives import is_dpo, sequences_per_row
 from launcher.config.schema import RunConfig
 
 
@@ -48,22 +49,6 @@ def trainable_params(cfg: RunConfig) -> int:
 def global_batch_size(cfg: RunConfig) -> int:
     train = cfg.train
     return train.global_batch_size or train.micro_batch_size * train.grad_accum * cfg.dp_size
-
-
-def is_dpo(cfg: RunConfig) -> bool:
-    return cfg.objective.name == "dpo"
-
-
-def sequences_per_row(cfg: RunConfig) -> int:
-    """Sequences one batch row runs through the model: 2 under objective=dpo (prompt +
-    chosen, prompt + rejected, each up to dataset.max_length), else 1."""
-    return 2 if is_dpo(cfg) else 1
-
-
-def holds_reference(cfg: RunConfig) -> bool:
-    """objective=dpo's reference is a model of its own: a full fine-tune's. Under LoRA/QLoRA
-    TRL runs the base with the adapters disabled instead."""
-    return is_dpo(cfg) and cfg.peft.name == "none"
 
 
 def training_tokens(cfg: RunConfig) -> int | None:

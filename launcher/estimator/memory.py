@@ -18,16 +18,12 @@ from launcher.config.architecture import (
     rank_params,
 )
 from launcher.config.hardware import gpu_preset
+from launcher.config.objectives import has_reference_model, sequences_per_row
 from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.engines.peak_terms import Split, reference_weights
-from launcher.estimator.flops import (
-    adapter_params,
-    holds_reference,
-    lora_targets,
-    sequences_per_row,
-)
+from launcher.estimator.flops import adapter_params, lora_targets
 
 GIB = 1024**3
 
@@ -112,7 +108,7 @@ def model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, 
     # offloaded: fp32 master, grads and Adam (+ the 16-bit params) on each node's host
     per_param = (16 + (p if strategy.offload_param else 0)) if strategy.offload_optimizer else 0
     host = per_param * psi * cfg.cluster.gpus_per_node / n * DEEPSPEED_BUFFER_FACTOR
-    if holds_reference(cfg):  # objective=dpo: + the frozen reference, per rank held
+    if has_reference_model(cfg):  # objective=dpo: + the frozen reference, per rank held
         device, on_host = reference_bytes(cfg, strategy)
         return sum(parts.values()) + device, host + on_host * cfg.cluster.gpus_per_node
     return sum(parts.values()), host
@@ -143,7 +139,7 @@ def reference_split(cfg: RunConfig, strategy: StrategyConfig) -> Split:
     wraps it (launcher/engines/peak_terms.reference_weights); (0, 0) where TRL builds none:
     objective=sft, LoRA/QLoRA (TRL disables the adapters for the reference pass), and
     precompute_ref_log_probs except under FSDP (loaded for the precompute only)."""
-    if not holds_reference(cfg) or (cfg.objective.precompute_ref_log_probs
+    if not has_reference_model(cfg) or (cfg.objective.precompute_ref_log_probs
                                     and not reference_wrapped_by_trl(strategy)):
         return (0.0, 0.0)
     return reference_weights(

@@ -15,6 +15,7 @@ from launcher.config.architecture import (
     rank_params,
 )
 from launcher.config.hardware import gpu_preset
+from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import STAGE3_MAX_LIVE_PARAMETERS, bucket_elements
@@ -25,7 +26,7 @@ from launcher.engines.peak_terms import (
     reference_forward,
     with_reference,
 )
-from launcher.estimator.flops import adapter_params, is_dpo, lora_targets
+from launcher.estimator.flops import adapter_params, lora_targets
 from launcher.estimator.memory import (
     activation_bytes,
     layer_bytes,
