@@ -4,6 +4,17 @@
 with its end-of-turn text (the model learns to stop), without the whitespace after it, and
 with no `{% generation %}` markers (most templates lack them). Label 0 is always -100: in a
 packed row the previous example's last token must not learn to predict it.
+
+A preference pair (format preference, for TRL's DPOTrainer) becomes TRL's columns:
+`prompt_ids`, the tokens of `render(prompt, add_generation_prompt=True)`, and `chosen_ids`
+and `rejected_ids`, the tokens of `render(prompt + answer)` after them through the answer's
+end-of-turn text: the same character span an SFT encoding trains (`chat_text`). As TRL does,
+prompt + answer is tokenized whole and the answer starts where its tokens leave the prompt
+tokenized alone (they differ only when a token merges across the boundary; counted in a
+warning). Truncation: the prompt is kept whole and each answer cut from its end, so that
+prompt + answer <= max_length; a prompt of max_length tokens or more leaves no room for an
+answer, and `loading.encode` refuses every such pair at once. mask_prompt does not apply:
+DPO never trains on the prompt.
 """
 
 from __future__ import annotations
@@ -13,7 +24,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.data.formats import CHAT_FORMATS, RowError, messages_of, segments_of
+from launcher.data.formats import (
+    CHAT_FORMATS,
+    PREFERENCE,
+    TEMPLATE_FORMATS,
+    Messages,
+    RowError,
+    messages_of,
+    pair_of,
+    segments_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +58,14 @@ headers, each assistant turn ended by eos."""
 
 Span = tuple[int, int]
 """[start, end) character range of trained text."""
+
+SOURCE_ROW = "__ftl_source_row"
+"""Column `loading.split_records` adds to preference rows it splits: each row's number in
+the file (from 1), so a refused pair is named where the user can find it."""
+PAIR_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+"""What a preference pair is encoded into: TRL 1.16 DPOTrainer's tokenized columns."""
+PAIR_REPORT = ("row", "full_length", "prompt_split")
+"""Columns `Encoder.encode_pairs` adds for `loading.encode`'s checks, which removes them."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +100,11 @@ class Encoder:
 
     def encode(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list]:
         """Batched `datasets.map` function: input_ids, labels and full_length per row
-        (the length before truncation); rows left with no trained token are dropped."""
-        names = list(batch)
-        rows = [dict(zip(names, values, strict=True)) for values in zip(*batch.values(),
-                                                                         strict=True)]
+        (the length before truncation); rows left with no trained token are dropped.
+        Format preference: `encode_pairs`."""
+        if self.fmt == PREFERENCE:
+            return self.encode_pairs(batch, indices)
+        rows = _rows(batch)
         rendered = [self.text(row, index) for row, index in zip(rows, indices, strict=True)]
         enc = self.tokenizer([text for text, _ in rendered], add_special_tokens=False,
                              return_offsets_mapping=True)
@@ -89,6 +118,69 @@ class Encoder:
             out["labels"].append(labels)
             out["full_length"].append(len(ids))
         return out
+
+    def encode_pairs(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list]:
+        """Batched `datasets.map` function of format preference: PAIR_COLUMNS per pair, the
+        answers cut to fit max_length after the whole prompt, and PAIR_REPORT: the row's
+        number in the file (from 1), the longer prompt + answer before truncation, and the
+        prompt's tokens left out of prompt_ids (a token merged across the boundary). A
+        prompt of max_length tokens or more is kept with both answers empty, for
+        `loading.encode` to refuse with every other such pair. A bad row: RowError naming
+        its number."""
+        numbers = batch.get(SOURCE_ROW) or [index + 1 for index in indices]
+        texts = [self.pair_texts(row, number) for row, number in zip(_rows(batch), numbers,
+                                                                     strict=True)]
+        out: dict[str, list] = {name: [] for name in (*PAIR_COLUMNS, *PAIR_REPORT)}
+        if not texts:
+            return out
+        ids = [self.tokenizer(list(column), add_special_tokens=False)["input_ids"]
+               for column in zip(*texts, strict=True)]
+        for number, alone, with_chosen, with_rejected in zip(numbers, *ids, strict=True):
+            # TRL's rule: the answer starts where prompt + answer leaves the prompt alone.
+            kept = min(_common_prefix(alone, with_chosen), _common_prefix(alone, with_rejected))
+            chosen, rejected = with_chosen[kept:], with_rejected[kept:]
+            room = max(self.max_length - kept, 0)
+            values = (list(alone[:kept]), list(chosen[:room]), list(rejected[:room]), number,
+                      kept + max(len(chosen), len(rejected)), len(alone) - kept)
+            for name, value in zip((*PAIR_COLUMNS, *PAIR_REPORT), values, strict=True):
+                out[name].append(value)
+        return out
+
+    def pair_texts(self, row: Mapping[str, Any], number: int) -> tuple[str, str, str]:
+        """The rendered prompt, prompt + chosen and prompt + rejected (each through the
+        answer's end-of-turn text) of one preference row."""
+        try:
+            pair = pair_of(row, self.columns)
+            (prompt, chosen), (_, rejected) = (pair_text(pair.prompt, answer, self.render)
+                                               for answer in (pair.chosen, pair.rejected))
+        except RowError as error:
+            raise RowError(f"row {number}: {error}") from None
+        return prompt, chosen, rejected
+
+
+def _rows(batch: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    """A `datasets.map` batch (column -> values) as rows."""
+    names = list(batch)
+    return [dict(zip(names, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def pair_text(
+    prompt: Messages, answer: Messages, render: Callable[[Messages, bool], str]
+) -> tuple[str, str]:
+    """(render(prompt, add_generation_prompt=True), prompt + answer rendered through the end
+    of the answer's last turn): the spans `chat_text` trains, so the answer ends with its
+    end-of-turn text and without the whitespace after it. The answer starts (and ends) with
+    an assistant turn (`formats.pair_of`)."""
+    full, spans = chat_text([*prompt, *answer], render)
+    start = spans[sum(1 for turn in prompt if turn["role"] == "assistant")][0]
+    return full[:start], full[:spans[-1][1]]
 
 
 def chat_text(
@@ -161,6 +253,6 @@ def chat_template_for(tokenizer: Any, mode: str) -> tuple[str, bool]:
 def adopt_chat_template(tokenizer: Any, dataset: Any) -> Any:
     """Give the tokenizer the template the chat data is rendered with (the built-in one
     when it has none), so the model saved with it chats in the format it learned."""
-    if dataset.format in CHAT_FORMATS:
+    if dataset.format in TEMPLATE_FORMATS:
         tokenizer.chat_template = chat_template_for(tokenizer, dataset.template)[0]
     return tokenizer

@@ -20,8 +20,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import PROJECT_ROOT, local_or_as_is
-from launcher.data.encode import IGNORE_INDEX, Encoder, chat_template_for
-from launcher.data.formats import CHAT_FORMATS, FIELDS, RowError, column_map, missing_columns
+from launcher.data.encode import (
+    IGNORE_INDEX,
+    PAIR_REPORT,
+    SOURCE_ROW,
+    Encoder,
+    chat_template_for,
+)
+from launcher.data.formats import (
+    FIELDS,
+    PREFERENCE,
+    TEMPLATE_FORMATS,
+    RowError,
+    column_map,
+    missing_columns,
+)
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -129,6 +142,8 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
         )
     # A seeded permutation rather than train_test_split: select(keep_in_memory=True) writes
     # no index cache files.
+    if data.format == PREFERENCE:  # a refused pair is named by its row in the file
+        records = records.add_column(SOURCE_ROW, list(range(1, len(records) + 1)))
     order = list(range(len(records)))
     random.Random(cfg.train.seed).shuffle(order)
     n_eval = min(len(records) - 1, max(1, round(data.eval_fraction * len(records))))
@@ -144,7 +159,7 @@ def encoder_for(cfg: RunConfig, tokenizer: Any, columns: list[str]) -> Encoder:
     """The Encoder of this config; says so once when the built-in template stands in."""
     data = cfg.dataset
     template, builtin = chat_template_for(tokenizer, data.template)
-    if builtin and data.template == "auto" and data.format in CHAT_FORMATS:
+    if builtin and data.template == "auto" and data.format in TEMPLATE_FORMATS:
         log.warning("the tokenizer has no chat template; using the built-in "
                     "'### Human: / ### Assistant:' template")
     return Encoder(
@@ -157,18 +172,29 @@ def encoder_for(cfg: RunConfig, tokenizer: Any, columns: list[str]) -> Encoder:
 def encode_splits(
     cfg: RunConfig, tokenizer: Any, progress: bool = True
 ) -> tuple[Dataset, Dataset | None]:
-    """Encoded (and, with dataset.packing, packed) train and eval sets."""
+    """Encoded (and, with dataset.packing, packed) train and eval sets; the problems of
+    both in one DataError."""
     if not progress:
         import datasets
 
         datasets.disable_progress_bars()
     train_rows, eval_rows, source = split_records(cfg)
     encoder = encoder_for(cfg, tokenizer, train_rows.column_names)
-    train = encode(train_rows, encoder, source, num_proc(cfg, len(train_rows)))
+    problems: list[str] = []
+
+    def encoded(rows: Dataset, where: str, processes: int | None) -> Dataset:
+        try:
+            return encode(rows, encoder, where, processes)
+        except DataError as error:
+            problems.append(str(error))
+            return rows
+
+    train = encoded(train_rows, source, num_proc(cfg, len(train_rows)))
     evaluation = None
     if eval_rows is not None:
-        eval_source = cfg.dataset.eval_path or f"{source} (held out)"
-        evaluation = encode(eval_rows, encoder, eval_source, None)
+        evaluation = encoded(eval_rows, cfg.dataset.eval_path or f"{source} (held out)", None)
+    if problems:
+        raise DataError("\n".join(problems))
     if cfg.dataset.packing:
         train = pack(train, cfg.dataset.max_length)
         evaluation = pack(evaluation, cfg.dataset.max_length) if evaluation else None
@@ -177,8 +203,9 @@ def encode_splits(
 
 
 def encode(records: Dataset, encoder: Encoder, source: str, processes: int | None) -> Dataset:
-    """input_ids and labels per row; DataError naming the row on a bad one, or when no row
-    has a trained token within dataset.max_length."""
+    """input_ids and labels per row (format preference: TRL's pair columns, `_checked_pairs`);
+    DataError naming the row on a bad one, or when no row has a trained token within
+    dataset.max_length."""
     try:
         encoded = records.map(
             encoder.encode, batched=True, with_indices=True, num_proc=processes,
@@ -187,6 +214,8 @@ def encode(records: Dataset, encoder: Encoder, source: str, processes: int | Non
         )
     except RowError as error:
         raise DataError(f"{source}: {error}") from None
+    if encoder.fmt == PREFERENCE:
+        return _checked_pairs(encoded, encoder.max_length, source)
     max_length, dropped = encoder.max_length, len(records) - len(encoded)
     if len(encoded) == 0:
         raise DataError(
@@ -199,6 +228,45 @@ def encode(records: Dataset, encoder: Encoder, source: str, processes: int | Non
         log.warning("%s: %d example(s) truncated to dataset.max_length=%d, %d dropped (no "
                     "trained token left)", source, truncated, max_length, dropped)
     return encoded.remove_columns("full_length")
+
+
+SHOWN_ROWS = 5
+"""Refused pairs named one by one; the rest are counted."""
+
+
+def _checked_pairs(encoded: Dataset, max_length: int, source: str) -> Dataset:
+    """Every pair whose prompt leaves no room for an answer in one DataError (the prompt is
+    kept whole, the answers are cut to fit: encode.py); the truncated answers and the
+    prompts that lost tokens at their boundary counted in a warning."""
+    import pyarrow.compute as pc
+
+    table = encoded.with_format("arrow")[:]
+    prompt = pc.list_value_length(table["prompt_ids"])
+    refused = table.filter(pc.greater_equal(prompt, max_length))
+    if refused.num_rows:
+        rows = refused["row"].to_pylist()
+        lengths = pc.list_value_length(refused["prompt_ids"]).to_pylist()
+        named = ", ".join(f"row {row} ({length} tokens)"
+                          for row, length in zip(rows[:SHOWN_ROWS], lengths, strict=False))
+        rest = f" and {len(rows) - SHOWN_ROWS} more" if len(rows) > SHOWN_ROWS else ""
+        raise DataError(
+            f"{source}: {len(rows)} preference pair(s) have a prompt of dataset.max_length="
+            f"{max_length} tokens or more, which leaves no room for an answer (the prompt is "
+            f"kept whole, only the answers are cut): {named}{rest} (rows counted from 1 in "
+            f"the file: a JSON Lines file's line numbers). Fix: raise dataset.max_length above "
+            f"the longest prompt ({max(lengths)} tokens; up to the model's context), or "
+            "shorten or remove those rows"
+        )
+    truncated = int(pc.sum(pc.greater(table["full_length"], max_length)).as_py() or 0)
+    split = int(pc.sum(pc.greater(table["prompt_split"], 0)).as_py() or 0)
+    if truncated:
+        log.warning("%s: %d pair(s) with an answer cut to fit dataset.max_length=%d after "
+                    "the prompt", source, truncated, max_length)
+    if split:
+        log.warning("%s: %d pair(s) whose prompt, tokenized alone, is not a prefix of prompt "
+                    "+ answer (a token merges across the boundary); their answers start where "
+                    "the two diverge, as in TRL", source, split)
+    return encoded.remove_columns(list(PAIR_REPORT))
 
 
 def pack(encoded: Dataset, max_length: int) -> Dataset:

@@ -6,7 +6,8 @@ setting that changes the result and VERSION without importing `datasets` or `tra
 (validation computes it, the plan records it). Per user, not per output dir: keyed by
 content, sharing is sound, and a new output dir does not pay 3-4 s for the bundled data.
 Who builds it: docs/guide.md, "Data". Inside: train/ and eval/ (`save_to_disk`:
-input_ids, labels and, packed, position_ids) and meta.json (`Prepared`, and who built it).
+input_ids, labels and, packed, position_ids; format preference: prompt_ids, chosen_ids and
+rejected_ids) and meta.json (`Prepared`, and who built it).
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ TOKENIZER_FILES = (
 
 @dataclass(frozen=True)
 class Prepared:
-    """One cached preprocessing result (`ftl preprocess --json` prints these fields)."""
+    """One cached preprocessing result (`ftl preprocess --json` prints these fields): the
+    train set's rows, its tokens, the trained ones among them, and how full its rows are
+    (tokens / (rows x dataset.max_length)). Format preference: a row is a pair, its tokens
+    are prompt + chosen + rejected, the trained ones chosen + rejected, and the fill is that
+    of the two sequences a pair is run as (2 x prompt + chosen + rejected over
+    2 x rows x dataset.max_length)."""
 
     train: str
     eval: str | None
@@ -157,14 +163,23 @@ def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) ->
     import pyarrow.compute as pc
 
     table = train.with_format("arrow")[:]
-    tokens = int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
-    labels = pc.list_flatten(table["labels"])
-    trained = int(pc.sum(pc.not_equal(labels, IGNORE_INDEX).cast("int64")).as_py() or 0)
+
+    def count(column: str) -> int:
+        return int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+
     rows = len(train)
+    if "prompt_ids" in table.column_names:  # preference pairs
+        prompt, trained = count("prompt_ids"), count("chosen_ids") + count("rejected_ids")
+        tokens, run, sequences = prompt + trained, 2 * prompt + trained, 2 * rows
+    else:
+        labels = pc.list_flatten(table["labels"])
+        trained = int(pc.sum(pc.not_equal(labels, IGNORE_INDEX).cast("int64")).as_py() or 0)
+        tokens = run = count("input_ids")
+        sequences = rows
     return Prepared(
         train=str(directory / "train"), eval=str(directory / "eval") if has_eval else None,
         rows=rows, tokens=tokens, trained_tokens=trained,
-        fill=round(tokens / (rows * cfg.dataset.max_length), 4), cached=False,
+        fill=round(run / (sequences * cfg.dataset.max_length), 4), cached=False,
     )
 
 

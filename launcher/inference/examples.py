@@ -34,7 +34,10 @@ Prompt = tuple[list[dict[str, str]], str]
 
 def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
     """The first `count` rows of the eval set as (messages before the first assistant turn,
-    that turn's text)."""
+    that turn's text); none for formats whose rows are not one conversation (raw text,
+    preference pairs)."""
+    if cfg.dataset.format not in CHAT_FORMATS:
+        return []
     import datasets
 
     from launcher.data.loading import load_records, split_records

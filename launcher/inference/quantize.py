@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import compose_config
+from launcher.data.formats import PREFERENCE
 from launcher.errors import ConfigError
 from launcher.inference.chat import check_causal_lm_dir
 from launcher.inference.schemes import GRANULARITIES, SCHEMES
@@ -50,6 +51,11 @@ def check_request(req: Request) -> RunConfig:
         cfg = validate(compose_config(req.overrides), "preprocess").cfg
     except ConfigError as error:
         problems += error.problems
+    if cfg is not None and cfg.dataset.format == PREFERENCE:
+        problems.append(f"dataset.format={PREFERENCE}: the perplexity is measured on "
+                        "training examples, and preference pairs are not one example each. "
+                        "Fix: a dataset of another format for the measurement, e.g. "
+                        "dataset=arith.")
     if cfg is not None and not cfg.dataset.eval_path and cfg.dataset.eval_fraction == 0:
         problems.append("dataset.eval_fraction=0 and no dataset.eval_path: the perplexity "
                         "is measured on the eval split, and there is none. Fix: "

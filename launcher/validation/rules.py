@@ -14,7 +14,7 @@ from launcher.config.objectives import OBJECTIVES
 from launcher.config.report_to import name_problems as tracker_names
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
-from launcher.data.formats import FIELDS, FORMATS, unknown_renames
+from launcher.data.formats import FIELDS, FORMATS, PREFERENCE, unknown_renames
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
 from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
@@ -74,6 +74,10 @@ def data_problems(cfg: RunConfig) -> list[str]:
         (not 0 <= data.eval_fraction < 1,
          f"dataset.eval_fraction={data.eval_fraction}: a share of the data in [0, 1). "
          "Fix: e.g. dataset.eval_fraction=0.02, or 0 with no eval set."),
+        (data.packing and data.format == PREFERENCE,
+         f"dataset.packing=true with dataset.format={PREFERENCE}: a pair is a prompt run "
+         "with each of its two answers (TRL's DPOTrainer batches pairs, not packed rows). "
+         "Fix: dataset.packing=false."),
     ]) + _columns(cfg) + _plain_names(cfg, ["dataset.name"])
 
 
