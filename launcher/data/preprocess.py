@@ -48,10 +48,10 @@ TOKENIZER_FILES = (
 class Prepared:
     """One cached preprocessing result (`ftl preprocess --json` prints these fields): the
     train set's rows, its tokens, the trained ones among them, and how full its rows are
-    (tokens / (rows x dataset.max_length)). Format preference: a row is a pair, its tokens
-    are prompt + chosen + rejected, the trained ones chosen + rejected, and the fill is that
-    of the two sequences a pair is run as (2 x prompt + chosen + rejected over
-    2 x rows x dataset.max_length)."""
+    (tokens / (rows x dataset.max_length)). Format preference: a row is a pair, run as two
+    sequences (prompt + chosen, prompt + rejected), so its tokens are 2 x prompt + chosen +
+    rejected (the estimator's D), the trained ones chosen + rejected, and the fill is
+    tokens / (2 x rows x dataset.max_length)."""
 
     train: str
     eval: str | None
@@ -169,17 +169,17 @@ def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) ->
 
     rows = len(train)
     if "prompt_ids" in table.column_names:  # preference pairs
-        prompt, trained = count("prompt_ids"), count("chosen_ids") + count("rejected_ids")
-        tokens, run, sequences = prompt + trained, 2 * prompt + trained, 2 * rows
+        # tokens the model runs: prompt + chosen and prompt + rejected, the estimator's D
+        trained = count("chosen_ids") + count("rejected_ids")
+        tokens, sequences = 2 * count("prompt_ids") + trained, 2 * rows
     else:
         labels = pc.list_flatten(table["labels"])
         trained = int(pc.sum(pc.not_equal(labels, IGNORE_INDEX).cast("int64")).as_py() or 0)
-        tokens = run = count("input_ids")
-        sequences = rows
+        tokens, sequences = count("input_ids"), rows
     return Prepared(
         train=str(directory / "train"), eval=str(directory / "eval") if has_eval else None,
         rows=rows, tokens=tokens, trained_tokens=trained,
-        fill=round(run / (sequences * cfg.dataset.max_length), 4), cached=False,
+        fill=round(tokens / (sequences * cfg.dataset.max_length), 4), cached=False,
     )
 
 

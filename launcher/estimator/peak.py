@@ -139,6 +139,14 @@ def reference_forward_bytes(cfg: RunConfig, strategy: StrategyConfig, x: PeakInp
                              module_gathers=not reference_wrapped_by_trl(strategy))
 
 
+def dpo_eval_bytes(cfg: RunConfig) -> float:
+    """objective=dpo's eval step on top of the states: the policy's and the reference's
+    no_grad forwards, one layer's activations and the logits each (measured on the 52M
+    Llama, LoRA under ddp, micro batch 2 x 64: +37 MB over between-steps, predicted
+    2 x 21.75 MB)."""
+    return 2.0 * (layer_bytes(cfg) + logits_bytes(cfg, rank_sequence(cfg)))
+
+
 def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     """Per-rank peak of cfg's run under `strategy`. LoRA: the engine's lora_moments (a
     frozen base, measured). QLoRA is not measured (it needs a pretrained checkpoint and
@@ -170,6 +178,9 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     if is_dpo(cfg):
         moments = with_reference(moments, reference_split(cfg, strategy),
                                  during_training=not cfg.objective.precompute_ref_log_probs)
+        if "final_other_ranks" in moments:  # LoRA: the final eval is that moment's peak
+            d, h = moments["final_other_ranks"]
+            moments["final_other_ranks"] = (d + dpo_eval_bytes(cfg), h)
     if "first_step" not in moments:
         # Adam's states (8 bytes per trainable parameter, on the host under offload) appear
         # only inside its optimizer step, so the first step's forward/backward holds all but

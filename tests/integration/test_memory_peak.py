@@ -69,8 +69,14 @@ RUNS: dict[str, list[str]] = {
 }
 LORA_RUNS = {"lora-ddp": "ddp", "lora-zero3": "zero3", "lora-fsdp": "fsdp"}
 """Run name -> strategy of the peft=lora runs (the three backends' LoRA code paths)."""
+DPO_RUNS: dict[str, list[str]] = {
+    "dpo-zero3": ["strategy=zero3"],
+    "dpo-lora-ddp": ["peft=lora", "strategy=ddp"],
+}
+"""objective=dpo: a full fine-tune holding TRL's reference sharded like the policy, and
+LoRA, whose reference is the base with the adapters disabled (no second model)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "zero3", "fsdp", "zero2_offload", "lora-ddp")
+SHORT = ("ddp", "zero2", "zero3", "fsdp", "zero2_offload", "lora-ddp", *DPO_RUNS)
 """The runs `make test` makes: one per backend family, the offload strategy that is also the
 second activation-doubling run, and LoRA under ddp; the others are `make test-full`'s."""
 
@@ -90,15 +96,38 @@ def long_rows(path: Path) -> Path:
     return path
 
 
+def long_pairs(path: Path) -> Path:
+    """Pairs whose answers run past max_length: every micro batch is exactly 2 x micro
+    sequences of max_length tokens (prompt + chosen, prompt + rejected)."""
+    if not path.is_file():
+        rng = random.Random(0)
+        words = "alpha beta gamma delta seven plus minus equals reverse string".split()
+
+        def text(k: int) -> str:
+            return " ".join(rng.choices(words, k=k))
+
+        path.write_text("".join(
+            json.dumps({"prompt": text(8), "chosen": text(200), "rejected": text(200)}) + "\n"
+            for _ in range(200)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def memory_run(trained: Callable[..., Run], runs_root: Path) -> Callable[[str], Run]:
     data = long_rows(runs_root / "long-rows.jsonl")
+    pairs = long_pairs(runs_root / "long-pairs.jsonl")
 
     def get(name: str) -> Run:
-        extra = ["peft=lora", f"strategy={LORA_RUNS[name]}"] if name in LORA_RUNS else [
-            *RUNS[name], f"strategy={name.split('-')[0]}"]
+        if name in DPO_RUNS:
+            extra = [*DPO_RUNS[name], "objective=dpo", "dataset.format=preference",
+                     f"dataset.path={pairs}"]
+        elif name in LORA_RUNS:
+            extra = ["peft=lora", f"strategy={LORA_RUNS[name]}", f"dataset.path={data}"]
+        else:
+            extra = [*RUNS[name], f"strategy={name.split('-')[0]}", f"dataset.path={data}"]
+        shape = [o for o in SHAPE if name not in DPO_RUNS or o != "dataset.format=text"]
         run = trained(f"memory-{name}", [
-            *MODEL, *SHAPE, callbacks("LiveBytesProbe"), *extra, f"dataset.path={data}",
+            *MODEL, *shape, callbacks("LiveBytesProbe"), *extra,
             f"dataset.cache_dir={runs_root / 'memory-data'}"])
         assert run.returncode == 0, describe_failure(run)
         # 0.8-1.5 GB of checkpoint and model per run that no test reads: the evidence is
@@ -127,7 +156,7 @@ def ratio(predicted: float, measured: float) -> float:
     return predicted / measured
 
 
-@pytest.mark.parametrize("strategy", full_unless_short([*RUNS, *LORA_RUNS]))
+@pytest.mark.parametrize("strategy", full_unless_short([*RUNS, *LORA_RUNS, *DPO_RUNS]))
 def test_predicted_peak_is_the_measured_peak(
     memory_run: Callable[[str], Run], strategy: str
 ) -> None:

@@ -265,7 +265,7 @@ def test_demo_pairs_prepare_with_no_warning_and_their_figures(tok, tmp_path, cap
     assert prepared.rows == len(train) == 1200 and prepared.eval is not None
     prompt, chosen, rejected = (sum(map(len, train[c]))
                                 for c in ("prompt_ids", "chosen_ids", "rejected_ids"))
-    assert prepared.tokens == prompt + chosen + rejected
+    assert prepared.tokens == 2 * prompt + chosen + rejected
     assert prepared.trained_tokens == chosen + rejected
     assert prepared.fill == round((2 * prompt + chosen + rejected)
                                   / (2 * 1200 * cfg.dataset.max_length), 4)

@@ -158,6 +158,9 @@ rewards: TRL's DPOTrainer)."""
 def progress_line(event: MetricsEvent, max_steps: int) -> str:
     """e.g. `[ftl] step 40/564  loss 3.1250  lr 2.00e-03  5210 tok/s  peak 512 MiB`."""
     parts = [f"[ftl] step {event.step}/{max_steps}"]
-    parts += [form.format(event.values[key]) for key, form in PROGRESS if key in event.values]
+    # TRL's trainers add train_runtime to every step's log; it ends only the summary line
+    summary = "loss" not in event.values
+    parts += [form.format(event.values[key]) for key, form in PROGRESS
+              if key in event.values and (summary or not key.startswith("train_"))]
     parts.append(f"peak {event.peak_memory_mib:.0f} MiB")
     return "  ".join(parts)
