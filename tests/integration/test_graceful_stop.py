@@ -5,9 +5,10 @@ looks newer is planted; the same command again skips it, resumes at the next ste
 evaluating "at the start" again, and the two launches' losses joined equal the
 uninterrupted run's, one loss per step. In `make test`: SIGTERM under ZeRO-2 (DeepSpeed's
 engine and launcher), ZeRO-3 and FSDP2 with sharded checkpoints (torch.distributed.checkpoint):
-the collective saves of the strategies Slurm users preempt most; and Ctrl-C under ddp
-(torchrun) with activation checkpointing (which must change no number); `make test-full`
-adds SIGTERM under ddp (FULL_CASES). The ddp Ctrl-C case also logs to every tracker
+the collective saves of the strategies Slurm users preempt most; and Ctrl-C of an
+objective=dpo run under ddp (torchrun) with activation checkpointing (which must change no
+number; DPO's reference is rebuilt on resume); `make test-full` adds SIGTERM under ddp and
+that Ctrl-C case on SFT (FULL_CASES). The ddp Ctrl-C case also logs to every tracker
 (wandb offline, MLflow's file store in tmp): one tracker run across the stop and the
 resume, MLflow's params and each step's loss once, and no credential from the environment
 in any file.
@@ -158,12 +159,16 @@ def plant_half_written_checkpoint(checkpoints: Path, source: str, name: str) -> 
 
 
 CHECKPOINTED = ("train.gradient_checkpointing=true",)
-TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)
+DPO = ("objective=dpo",)
+TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, (*CHECKPOINTED, *DPO))
+"""Also objective=dpo: its reference model is rebuilt on resume, and the losses must still
+join into the uninterrupted DPO run's (test_dpo.py's ddp run)."""
 FSDP_SHARDED_CASE = ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)
 """Also test_world_size_change.py's first link of fsdp-sharded-2to1 (signal_stop)."""
 CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE,
          ("zero3", "torchrun", signal.SIGTERM, ()), FSDP_SHARDED_CASE]
-FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ())]
+FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()),
+              ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)]
 """`make test-full` only, since `make test` proves what it does: `ftl train` and the ranks
 handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), and ddp's
 save is the one the Ctrl-C case makes."""
@@ -201,7 +206,7 @@ def signal_stop(runs_root: Path, strategy: str, launcher: str, signum: signal.Si
     if (root, name) not in _STOPS:
         # Slow steps only where the signal lands: the resume is the same command without.
         slowed = [*case_overrides(strategy, launcher, extra), *more,
-                  SLOW_WRAPPER if extra == CHECKPOINTED else SLOW]
+                  SLOW_WRAPPER if CHECKPOINTED[0] in extra else SLOW]
         at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
         started = time.monotonic()
         run_dir, returncode = stop_with_signal(root, name, slowed, signum, at_step)
@@ -238,8 +243,9 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     trained: Callable[..., Run], runs_root: Path, strategy: str, launcher: str,
     signum: signal.Signals, extra: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reference = trained(run_name(strategy, launcher, "fp32"),
-                        strategy_overrides(strategy, launcher, "fp32"))
+    objective = tuple(e for e in extra if e in DPO)  # the uninterrupted run of its objective
+    reference = trained(run_name(strategy, launcher, "fp32", objective),
+                        strategy_overrides(strategy, launcher, "fp32", objective))
     assert reference.returncode == 0, describe_failure(reference)
 
     root, name = runs_root / "signals", run_name(strategy, launcher, signum.name, extra)
@@ -286,7 +292,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     expected = reference.train_losses()
     for step, loss in joined.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, joined, expected)
-    if extra == CHECKPOINTED:
+    if CHECKPOINTED[0] in extra:
         # Recomputing activations in backward gives the same gradients, so the same losses
         # as the reference, which ran without it (its probe says so).
         probe = json.loads((first_dir / "probes" / "wrapper-rank0.json").read_text())
