@@ -6,8 +6,9 @@
   reward metrics reach metrics.jsonl at every log and eval; `ftl report` prints and draws
   them; `ftl chat` on the model answers with the preferred style.
 - The strategies (FAST_TRAIN's 8 steps, the injected probes): ddp, also the reference of
-  test_graceful_stop.py's DPO case (exact resume after Ctrl-C), and fsdp (its reference
-  built whole on every rank and sharded by TRL) in `make test`; every other strategy, LoRA
+  test_graceful_stop.py's DPO case (exact resume after Ctrl-C), and fsdp starting from the
+  SFT run's model/ (SFT -> DPO: model.path; the policy filled from rank 0, the reference
+  read whole on every rank and sharded by TRL) in `make test`; every other strategy, LoRA
   under zero3 and fsdp and the precomputed reference in `make test-full`. Each: every
   rank's wrapper, twice the sequences of a pair batch, the DPO loss and eval loss falling,
   reward accuracy rising, complete checkpoints, a model/ that reproduces the trained logits.
@@ -81,17 +82,25 @@ def test_the_demo_learns_the_preference_and_every_tool_shows_it(tmp_path: Path) 
     assert "!" in chat.stdout.splitlines()[-1], chat.stdout  # the preferred style
 
 
-def dpo_run(trained: Callable[..., Run], strategy: str, extra: tuple[str, ...] = ()) -> Run:
+FROM_SFT = "from_sft"
+"""A case that starts from the SFT run's model/ (conftest.pretrained_dir: model.path)."""
+
+
+def dpo_run(trained: Callable[..., Run], strategy: str, extra: tuple[str, ...] = (),
+            sft_model: Path | None = None) -> Run:
     """FAST_TRAIN's 8 steps under objective=dpo with the injected probes (the ddp run is
     test_graceful_stop.py's DPO reference: the same name and overrides)."""
-    return trained(run_name(strategy, "torchrun", "fp32", (*extra, *DPO)),
-                   strategy_overrides(strategy, "torchrun", "fp32", (*extra, *DPO)))
+    name = run_name(strategy, "torchrun", "fp32", (*extra, *DPO))
+    if FROM_SFT in extra:
+        extra = (*(e for e in extra if e != FROM_SFT), f"model.path={sft_model}",
+                 "model.tokenizer=")
+    return trained(name, strategy_overrides(strategy, "torchrun", "fp32", (*extra, *DPO)))
 
 
 FULL = pytest.mark.full
 CASES = [
     pytest.param("ddp", (), id="ddp"),
-    pytest.param("fsdp", (), id="fsdp"),
+    pytest.param("fsdp", (FROM_SFT,), id="fsdp-from-sft"),
     *[pytest.param(s, (), id=s, marks=FULL) for s in (
         "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "fsdp_offload")],
     pytest.param("zero3", ("peft=lora",), id="zero3-lora", marks=FULL),
@@ -104,8 +113,10 @@ CASES = [
 @pytest.mark.parametrize(("strategy", "extra"), CASES)
 def test_dpo_trains_under_the_strategy(
     trained: Callable[..., Run], strategy: str, extra: tuple[str, ...],
+    request: pytest.FixtureRequest,
 ) -> None:
-    run = dpo_run(trained, strategy, extra)
+    sft = request.getfixturevalue("pretrained_dir") if FROM_SFT in extra else None
+    run = dpo_run(trained, strategy, extra, sft)
     assert run.returncode == 0, describe_failure(run)
     result = run.result
     assert result["world_size"] == WORLD and result["global_step"] == MAX_STEPS
@@ -124,6 +135,12 @@ def test_dpo_trains_under_the_strategy(
     evals = [m for m in run.metrics() if "eval_rewards/accuracies" in m]
     assert evals[0]["eval_rewards/accuracies"] == 0 and evals[-1]["eval_rewards/accuracies"] > 0.5
     assert_checkpoints_complete(run, sharded_fsdp=False)
+    if sft is not None:  # SFT -> DPO: it starts from the SFT model's weights, whose
+        # log-likelihood of the chosen answers (the sums it learned) is far above a fresh
+        # init's, read from the first eval of the DPO run from scratch
+        scratch = [m for m in dpo_run(trained, "ddp").metrics() if "eval_logps/chosen" in m]
+        assert evals[0]["eval_logps/chosen"] > scratch[0]["eval_logps/chosen"] + 5, (
+            evals[0], scratch[0])
     if not lora:
         assert_saved_model_reproduces_logits(run, "fp32")
 

@@ -64,8 +64,9 @@ def case(strategy: str, launcher: str, extra: tuple[str, ...], chain: tuple[list
 
 CASES = [
     # A DDP checkpoint is the same whatever the world size: what 2 -> 1 proves is the data
-    # position and grad_accum carried over, which fsdp-1to2 proves the other way.
-    case("ddp", "torchrun", (), (REFERENCE, ONE)),
+    # position and grad_accum carried over, which fsdp-1to2 proves the other way (so the
+    # ddp case is `make test-full`'s).
+    case("ddp", "torchrun", (), (REFERENCE, ONE), full=True),
     # ZeRO-2 and ZeRO-3 resume through the same conversion (universal.py): ZeRO-3's chain
     # proves both directions of it, ZeRO-2's 2 -> 1 DeepSpeed's stage-1/2 universal load.
     case("zero2", "deepspeed", (), (REFERENCE, ONE)),
