@@ -64,7 +64,8 @@ class ColumnsConfig:
     system: str = ""
     """Column of an optional system message (alpaca); empty: system."""
     prompt: str = ""
-    """Column of the prompt (format prompt_completion; required); empty: prompt."""
+    """Column of the prompt (format prompt_completion: required; preference: optional, a
+    text or a list of turns); empty: prompt."""
     completion: str = ""
     """Column of the completion trained on (prompt_completion; required); empty: completion."""
     text: str = ""
