@@ -9,9 +9,6 @@ SFT = "sft"
 DPO = "dpo"
 OBJECTIVES = (SFT, DPO)
 
-PREFERENCE_FORMAT = "preference"
-"""The dataset.format a DPO run reads, and only a DPO run."""
-
 DPO_LOSS_TYPES = (
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard",
     "aot", "aot_unpaired", "apo_zero", "apo_down", "discopop", "sigmoid_norm",

@@ -30,6 +30,7 @@ from launcher.data.formats import (
     TEMPLATE_FORMATS,
     Messages,
     RowError,
+    common_prefix,
     messages_of,
     pair_of,
     segments_of,
@@ -137,7 +138,7 @@ class Encoder:
                for column in zip(*texts, strict=True)]
         for number, alone, with_chosen, with_rejected in zip(numbers, *ids, strict=True):
             # TRL's rule: the answer starts where prompt + answer leaves the prompt alone.
-            kept = min(_common_prefix(alone, with_chosen), _common_prefix(alone, with_rejected))
+            kept = min(common_prefix(alone, with_chosen), common_prefix(alone, with_rejected))
             chosen, rejected = with_chosen[kept:], with_rejected[kept:]
             room = max(self.max_length - kept, 0)
             values = (list(alone[:kept]), list(chosen[:room]), list(rejected[:room]), number,
@@ -162,13 +163,6 @@ def _rows(batch: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     """A `datasets.map` batch (column -> values) as rows."""
     names = list(batch)
     return [dict(zip(names, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def pair_text(

@@ -189,11 +189,7 @@ def pair_of(row: Mapping[str, Any], columns: Mapping[str, str]) -> Pair:
             raise RowError(
                 f"field {prompt_column!r} is {state}: with a text answer the prompt must be "
                 "given (only two lists of turns imply one: the opening turns they share)")
-        shared = 0
-        while (shared < min(len(chosen), len(rejected))
-               and chosen[shared] == rejected[shared]):
-            shared += 1
-        prompt = chosen[:shared]
+        prompt = chosen[:common_prefix(chosen, rejected)]
     elif isinstance(given, list):
         prompt = _turns_of(given, prompt_column)
     elif isinstance(given, Mapping):
@@ -211,6 +207,14 @@ def pair_of(row: Mapping[str, Any], columns: Mapping[str, str]) -> Pair:
     for column, answer in ((columns["chosen"], chosen), (columns["rejected"], rejected)):
         _check_answer(column, answer)
     return Pair(prompt, chosen, rejected)
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items a and b share (turns here; token ids in encode.py)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _answer_turns(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+from launcher.config.objectives import holds_reference
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import (
     concrete_strategies,
@@ -114,8 +115,7 @@ def nothing_fits(cfg: RunConfig, reasons: list[str]) -> list[str]:
                 f"{cluster.gpu}:"]
     problems += [f"strategy=auto: {reason}" for reason in reasons]
     fixes = []
-    if (cfg.objective.name == "dpo" and cfg.peft.name == "none"
-            and not cfg.objective.precompute_ref_log_probs):  # no reference while training
+    if holds_reference(cfg):  # the precompute holds no reference while training
         fixes.append(_tried(cfg, {"objective.precompute_ref_log_probs": True}))
     if cfg.peft.name == "none":
         fixes.append(_tried(cfg, {"peft.name": "lora", "peft.bits": 16}))

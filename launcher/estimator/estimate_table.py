@@ -11,7 +11,7 @@ from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
 from launcher.estimator.flops import run_flops_factor
-from launcher.estimator.memory import FIT_FRACTION, GIB, rank_sequence
+from launcher.estimator.memory import FIT_FRACTION, GIB, micro_sequences, rank_sequence
 
 
 def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def _model_parallel_text(cfg: RunConfig) -> str:
 def _micro_batch_text(cfg: RunConfig) -> str:
     b, s = cfg.train.micro_batch_size, cfg.dataset.max_length
     if is_dpo(cfg):
-        return f"{b} pair(s) = {2 * b} x {s} tokens (chosen + rejected)"
+        return f"{b} pair(s) = {micro_sequences(cfg)} x {s} tokens (chosen + rejected)"
     return f"{b} x {s} tokens"
 
 

@@ -18,7 +18,7 @@ from launcher.config.architecture import (
     rank_params,
 )
 from launcher.config.hardware import gpu_preset
-from launcher.config.objectives import has_reference_model, sequences_per_row
+from launcher.config.objectives import has_reference_model, is_dpo, sequences_per_row
 from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
@@ -159,7 +159,7 @@ def reference_bytes(cfg: RunConfig, strategy: StrategyConfig) -> Split:
 def reference_placement(cfg: RunConfig, strategy: StrategyConfig) -> str:
     """Where objective=dpo's reference lives under `strategy`, in words (the estimate
     table); "" for objective=sft."""
-    if cfg.objective.name != "dpo":
+    if not is_dpo(cfg):
         return ""
     if cfg.peft.name != "none":
         return f"none ({cfg.peft.name}: the base with the adapters disabled)"

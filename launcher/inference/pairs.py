@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher.data.encode import PAIR_COLUMNS
 from launcher.rundir import RunDir
 from launcher.rundir.records import PairsRecord
 
@@ -30,7 +31,7 @@ def held_out_pairs(data_dir: Path, count: int) -> list[Pair]:
         return []
     rows = load_from_disk(str(evaluation))
     rows = rows.select(range(min(count, len(rows))))
-    return [(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in rows]
+    return [tuple(r[column] for column in PAIR_COLUMNS) for r in rows]
 
 
 def answer_logp(model: Any, prompt: list[int], answer: list[int]) -> float:

@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from launcher.config.objectives import holds_reference, is_dpo
+from launcher.config.objectives import has_reference_model, holds_reference, is_dpo
 from launcher.config.schema import RunConfig
+from launcher.data.encode import PAIR_COLUMNS
 from launcher.engines.base import Engine
-
-TOKENIZED = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 
 def arguments_class(cfg: RunConfig) -> type | None:
@@ -51,9 +50,7 @@ def needs_reference_model(cfg: RunConfig, args: Any) -> bool:
     copy, and under FSDP also for precomputing (TRL would load one from the policy's
     name_or_path, which a model built from config lacks; the policy is not filled on
     every rank until it is sharded)."""
-    if not is_dpo(cfg) or cfg.peft.name != "none":
-        return False
-    return holds_reference(cfg) or bool(args.fsdp)
+    return has_reference_model(cfg) and (holds_reference(cfg) or bool(args.fsdp))
 
 
 def reference_model(cfg: RunConfig, engine: Engine, tokenizer: Any, args: Any) -> Any | None:
@@ -82,7 +79,7 @@ def dpo_trainer_class() -> type:
     from trl import DPOTrainer
 
     class PretokenizedDPOTrainer(DPOTrainer):
-        """TRL's DPOTrainer on pairs ftl tokenized before launch (TOKENIZED columns):
+        """TRL's DPOTrainer on pairs ftl tokenized before launch (PAIR_COLUMNS):
         its own tokenization of prompt/chosen/rejected text is skipped."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -91,7 +88,7 @@ def dpo_trainer_class() -> type:
                 self.ref_model = None  # its log-probabilities are computed: free it
 
         def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
-            if set(TOKENIZED) <= set(dataset.column_names):
+            if set(PAIR_COLUMNS) <= set(dataset.column_names):
                 return dataset
             return super()._prepare_dataset(dataset, *args, **kwargs)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from launcher.config.objectives import (
     DPO_LOSS_TYPES,
     EXPERIMENTAL_LOSSES,
-    PREFERENCE_FORMAT,
     is_dpo,
 )
 from launcher.config.schema import RunConfig
+from launcher.data.formats import PREFERENCE
 from launcher.errors import flagged
 
 
@@ -17,15 +17,15 @@ def objective_problems(cfg: RunConfig) -> list[str]:
     fmt = cfg.dataset.format
     if not is_dpo(cfg):
         return flagged([(
-            fmt == PREFERENCE_FORMAT,
+            fmt == PREFERENCE,
             f"dataset.format={fmt}: preference pairs train objective=dpo, not "
             f"objective={cfg.objective.name}. Fix: objective=dpo, or data in another "
             "dataset.format.")])
     o = cfg.objective
     return flagged([
-        (fmt != PREFERENCE_FORMAT,
+        (fmt != PREFERENCE,
          f"dataset.format={fmt} with objective=dpo: DPO trains on preference pairs. Fix: "
-         f"dataset.format={PREFERENCE_FORMAT} (rows of prompt, chosen, rejected: "
+         f"dataset.format={PREFERENCE} (rows of prompt, chosen, rejected: "
          "docs/guide.md, \"Preference tuning\"), or dataset=prefs for the demo pairs."),
         (o.beta <= 0,
          f"objective.beta={o.beta}: must be greater than 0 (how far the policy may move "
