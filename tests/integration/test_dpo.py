@@ -40,6 +40,7 @@ from test_train_strategies import (
 )
 
 from launcher.config.compose import PROJECT_ROOT
+from launcher.run.report import report
 from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -73,10 +74,9 @@ def test_the_demo_learns_the_preference_and_every_tool_shows_it(tmp_path: Path) 
     assert evals[-1]["eval_rewards/accuracies"] >= 0.9
     assert evals[-1]["eval_rewards/margins"] > evals[0]["eval_rewards/margins"] + 1
 
-    report = ftl("report", str(run_dir.path))
-    assert report.returncode == 0, report.stderr
-    assert "reward eval accuracy: 0.0000 -> " in report.stdout
-    assert run_dir.report_png.is_file()
+    text, png = report(run_dir.path)  # `ftl report`'s own function (its CLI: test_ftl_train)
+    assert "reward eval accuracy: 0.0000 -> " in text
+    assert png == run_dir.report_png and png.is_file()
     chat = ftl("chat", str(run_dir.model), stdin="12+30\n")
     assert chat.returncode == 0, chat.stderr
     assert "!" in chat.stdout.splitlines()[-1], chat.stdout  # the preferred style

@@ -126,7 +126,10 @@ def pretrained_logits(pretrained: Path, input_ids: torch.Tensor) -> torch.Tensor
 
 # FSDP2's full fine-tune is `make test-full`'s: its loading is the LoRA run's
 # (test_fsdp_loads_with_cpu_ram_efficient_loading), its full training the strategy runs'.
-@pytest.mark.parametrize("strategy", ["ddp", "zero3", pytest.param("fsdp", marks=pytest.mark.full)])
+# ddp's too: zero3's case makes the same assertions on the same from_pretrained read, and
+# test_dpo.py's fsdp case fine-tunes from this checkpoint as well.
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.full), "zero3",
+                                      pytest.param("fsdp", marks=pytest.mark.full)])
 def test_full_finetune_starts_from_model_path(
     trained: Callable[..., Run], pretrained_dir: Path, strategy: str
 ) -> None:

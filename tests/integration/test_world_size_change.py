@@ -3,9 +3,9 @@ a chain of launches of one run, each stopped right after a checkpoint and contin
 next layout. ZeRO-3: 2 ranks -> 1 -> 2, so one chain proves both directions; it begins
 with the uninterrupted 2-rank run itself, whose checkpoint-4 continues on 1 rank through
 run.resume=PATH (another run's checkpoint), stops after step 6, and the last launch
-continues on 2 ranks (run.resume=auto). ddp and ZeRO-2: 2 -> 1, the 1 rank finishing the
-run (CASES says why the other direction adds nothing there; `make test-full` runs their
-2 -> 1 -> 2 chains too). FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with full ones
+continues on 2 ranks (run.resume=auto). ddp and ZeRO-2 (`make test-full`): 2 -> 1, the 1
+rank finishing the run (CASES says why `make test` leaves them to the chains it runs), and
+their 2 -> 1 -> 2 chains. FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with full ones
 (stopped after step 3). The sharded chain's 2-rank link is test_graceful_stop.py's SIGTERM
 stop under FSDP (sharded checkpoints, 2 ranks, stopped at a random step 2-5): its
 checkpoint continues on 1 rank through run.resume=PATH, as after the reference.
@@ -68,8 +68,9 @@ CASES = [
     # ddp case is `make test-full`'s).
     case("ddp", "torchrun", (), (REFERENCE, ONE), full=True),
     # ZeRO-2 and ZeRO-3 resume through the same conversion (universal.py): ZeRO-3's chain
-    # proves both directions of it, ZeRO-2's 2 -> 1 DeepSpeed's stage-1/2 universal load.
-    case("zero2", "deepspeed", (), (REFERENCE, ONE)),
+    # proves both directions of ftl's side of it, ZeRO-2's 2 -> 1 DeepSpeed's stage-1/2
+    # universal load (`make test-full`, with ddp's for the same reason).
+    case("zero2", "deepspeed", (), (REFERENCE, ONE), full=True),
     case("zero3", "torchrun", (), (REFERENCE, ONE, TWO)),
     case("fsdp", "torchrun", NO_GATHER, (SIGNALLED, ONE)),
     case("fsdp", "torchrun", (), (ONE, TWO)),
