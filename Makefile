@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev,qlora]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev,qlora,eval]'
 	touch $(STAMP)
 
 # DeepSpeed's CPU ops, built once into $(VENV)/torch_extensions (launcher/engines/deepspeed/ops.py):

@@ -181,6 +181,43 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens)
 
 
+@verb("eval", "benchmark a model on lm-evaluation-harness tasks, offline: ftl eval "
+      "MODEL_DIR|RUN_DIR --tasks T1,T2",
+      arg("target", nargs="?", help="a model dir (run's model/, checkpoint, LoRA adapter, "
+          "ftl quantize output) or a run dir (as ftl train's eval.tasks does)"),
+      arg("--tasks", help="comma-separated task names; arith: the bundled demo task"),
+      arg("--num-fewshot", type=int), arg("--limit", type=float,
+                                          help="examples per task (or a share in (0, 1))"),
+      arg("--batch-size", type=int),
+      arg("--apply-chat-template", action=argparse.BooleanOptionalAction, default=None,
+          help="render prompts with the model's chat template (default: on)"),
+      arg("--include-path", help="a directory of your own task YAMLs"),
+      arg("--gen-kwargs", help="generation settings, e.g. temperature=0,max_gen_toks=256"),
+      arg("--before", action="store_true", default=None,
+          help="with a RUN_DIR: also score the weights the run started from"),
+      arg("--shard", action="store_true", default=None,
+          help="split the model over this node's GPUs"),
+      arg("--output", help="the dir whose eval/ gets the results (default: the model's run "
+          "dir, else run.output_dir/<model dir name>)"),
+      arg("--prefetch", action="store_true",
+          help="download the tasks' data into the HF cache (needs a network), then exit"))
+def cmd_eval(args: argparse.Namespace) -> int:
+    from launcher.evaluation.verb import Request, ftl_eval, prefetch
+
+    tasks = [t for t in (args.tasks or "").split(",") if t] or None
+    if args.prefetch:
+        return prefetch(tasks or [], args.include_path or "")
+    if not args.target:
+        raise ConfigError("ftl eval: no MODEL_DIR. Fix: ftl eval outputs/<run>/<time>/model "
+                          "--tasks arith")
+    settings = {"tasks": tasks, "num_fewshot": args.num_fewshot, "limit": args.limit,
+                "batch_size": args.batch_size, "apply_chat_template": args.apply_chat_template,
+                "include_path": args.include_path, "gen_kwargs": args.gen_kwargs,
+                "shard": args.shard, "before": args.before}
+    return ftl_eval(Request(Path(args.target), settings,
+                            Path(args.output) if args.output else None))
+
+
 @verb("submit", "write the run dir and job script and submit it (--dry-run: print it)",
       arg("--dry-run", action="store_true", help="write the run dir and print the job script only"),
       arg("-m", "--multirun", action="store_true",

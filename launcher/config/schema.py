@@ -362,6 +362,39 @@ class ParallelConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Benchmarks on lm-evaluation-harness (the extra: pip install 'ftlaunch[eval]'):
+    `ftl eval MODEL_DIR`, and `ftl train` / a Slurm job after training when `tasks` is set.
+    Offline by design: task data comes from the HF cache (`ftl eval --prefetch`)."""
+
+    tasks: list[str] = field(default_factory=list)
+    """Harness tasks or groups (e.g. [arith], [mmlu, gsm8k]) that `ftl train` runs on the
+    final model once the ranks finish, and a Slurm job as its last step; results in
+    RUN_DIR/eval/<timestamp>/. arith: the bundled demo task (eval_tasks/). Empty: none."""
+    num_fewshot: int | None = None
+    """Few-shot examples per prompt; empty: each task's own default (0 if it has none)."""
+    limit: float | None = None
+    """Examples per task: a count (>= 1), or a share of each task in (0, 1); empty: all."""
+    batch_size: int = 16
+    """Prompts per forward pass."""
+    apply_chat_template: bool = True
+    """Render each prompt with the model's chat template (what a chat fine-tune was trained
+    on; the harness's --apply_chat_template); false: plain text, as for base models."""
+    include_path: str = ""
+    """A directory of your own task YAMLs (the harness's --include_path); empty: only the
+    harness's tasks and ftl's bundled ones."""
+    gen_kwargs: str = ""
+    """Generation settings for generate_until tasks, the harness's form, e.g.
+    'temperature=0,max_gen_toks=256'; empty: each task's own."""
+    before: bool = False
+    """`ftl train`: also evaluate the weights the run starts from (model.path, else the
+    architecture built with train.seed), so before/after scores sit in one run dir."""
+    shard: bool = False
+    """Split one model's layers over this node's GPUs (the harness's parallelize=True), for
+    a model too large for one device; one process."""
+
+
+@dataclass
 class RunSection:
     name: str = "${model.name}-${strategy.name}"
     """Run folder under output_dir; default: <model>-<strategy>."""
@@ -396,6 +429,8 @@ class RunConfig:
     """Model parallelism beside the data-parallel axis (parallel.tp, parallel.sp)."""
     run: RunSection = field(default_factory=RunSection)
     """The run folder: its name, where it goes, resume, force."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Benchmarks after training (lm-evaluation-harness): `eval.tasks=[arith]`."""
 
     @property
     def world_size(self) -> int:

@@ -37,6 +37,9 @@ def save_merged_peft_model(
         config = base_model.config
         if quantized:
             config = type(config).from_pretrained(base_path)  # without quantization_config
+        # a model built from config has none yet (save_pretrained of the model writes it),
+        # and loaders (ftl chat, ftl eval, the harness) pick the class from it
+        config.architectures = [type(base_model).__name__]
         config.save_pretrained(str(model_dir))
         trainer.processing_class.save_pretrained(str(model_dir))
     barrier()

@@ -112,6 +112,10 @@ def run_local(built: BuiltRun) -> int:
         print(f"ftl train: done. Model: {run_dir.model}", flush=True)
         if built.plan.cfg.train.show_examples > 0:
             after_training(built.plan.cfg, run_dir)
+        if built.plan.cfg.eval.tasks:
+            from launcher.evaluation.verb import evaluate_run  # torch: only now
+
+            evaluate_run(built.plan.cfg, run_dir)
         return 0
     if returncode == 0:
         print(

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from launcher.rundir.records import (
     CompleteMarker,
     DoctorReport,
+    EvalSummary,
     ExamplesRecord,
     HangRecord,
     LaunchRecord,
@@ -54,6 +55,8 @@ RESULT = "result.json"
 EXAMPLES = "examples.json"
 PAIRS = "pairs.json"
 DOCTOR = "doctor.json"
+EVAL = "eval"
+"""RUN_DIR/eval/<timestamp>/: one evaluation (EvalDir)."""
 LOGS = "logs"
 PROBES = "probes"
 # Exit statuses: a contract between the ranks, the launcher, the job script and the user.
@@ -131,6 +134,7 @@ class RunDir:
     startup = _file(STARTUP)
     doctor = _file(DOCTOR)  # rank 0 of `ftl doctor`: the checks' rows
     doctor_dir = _file("doctor")  # its token files
+    eval_root = _file(EVAL)
 
     read_doctor, write_doctor = _json_file(DOCTOR, DoctorReport, indent=2)
     read_result, write_result = _json_file(RESULT, RunResult, indent=2)
@@ -263,6 +267,30 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
             with contextlib.suppress(ValueError):
                 values.append(json.loads(line))
     return [value for value in values if isinstance(value, dict)]
+
+
+@dataclass(frozen=True)
+class EvalDir:
+    """RUN_DIR/eval/<timestamp>[-label]/: one evaluation's files."""
+
+    path: Path
+
+    results = _file("results.json")  # the harness's results, as it reports them
+    read_summary, write_summary = _json_file("summary.json", EvalSummary, indent=2)
+
+    def samples(self, task: str) -> Path:
+        """The harness's per-sample log of one task (prompt, answer, target, metrics)."""
+        return self.path / f"samples_{task}.jsonl"
+
+
+def new_eval_dir(run_dir: RunDir, label: str = "") -> EvalDir:
+    """RUN_DIR/eval/<timestamp>[-label], created (a -N suffix if taken)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S") + (f"-{label}" if label else "")
+    candidate, counter = run_dir.eval_root / stamp, 1
+    while candidate.exists():
+        candidate, counter = run_dir.eval_root / f"{stamp}-{counter}", counter + 1
+    candidate.mkdir(parents=True)
+    return EvalDir(candidate)
 
 
 def new_run_dir_path(output_dir: str, run_name: str) -> Path:

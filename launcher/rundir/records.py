@@ -140,6 +140,25 @@ class ExamplesRecord(Record):
 
 
 @dataclass(frozen=True)
+class EvalSummary(Record):
+    """eval/<timestamp>/summary.json (`ftl eval`, `ftl train` with eval.tasks): what was
+    evaluated and its scores; the harness's own results.json and per-sample logs sit
+    beside it."""
+
+    model: str
+    """The model dir evaluated; for eval.before: `initial (...)`, the starting weights."""
+    label: str
+    """final (a run's model/ after training), initial (eval.before), or model (`ftl eval`)."""
+    tasks: list[str]
+    scores: dict[str, dict[str, float]]
+    """task -> metric (the harness's `name,filter` key, e.g. exact_match,none) -> value."""
+    samples: int
+    """Examples scored, every task together."""
+    seconds: float
+    """Wall time of the harness (the model's loading included)."""
+
+
+@dataclass(frozen=True)
 class Preempted(Record):
     """preempted (rank 0, once the stop's checkpoint is complete)."""
 

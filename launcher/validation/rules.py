@@ -20,6 +20,7 @@ from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
 from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
+from launcher.validation.evaluation import eval_rules
 from launcher.validation.objective import objective_problems
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -50,7 +51,7 @@ def config_problems(cfg: RunConfig) -> list[str]:
     rules: list[Callable[[RunConfig], list[str]]] = [
         _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
         _plain_names, model_parallel_problems, _watchdog, tracker_names, objective_problems,
-        data_problems,
+        eval_rules, data_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 

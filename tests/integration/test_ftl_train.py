@@ -39,11 +39,13 @@ def only_run_dir(output_dir: Path) -> Path:
 
 def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None:
     done = ftl("train", "strategy=zero2", *FAST_TRAIN, "train.logging_steps=2",
-               "train.show_examples=4", f"run.output_dir={tmp_path}")
+               "train.show_examples=4", "eval.tasks=[arith]", "eval.limit=8",
+               "eval.before=true", f"run.output_dir={tmp_path}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert f"Model: {run_dir / 'model'}" in done.stdout
     assert_examples_shown(done.stdout, RunDir(run_dir), 4)
+    assert_evaluated_before_and_after(done.stdout, RunDir(run_dir), 8)
     # A real run collects no test evidence: no probes, a short result of what a user needs.
     assert not (run_dir / "probes").exists()
     result = json.loads((run_dir / "result.json").read_text())
@@ -89,6 +91,28 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
     assert "estimated train time for those" in report.stdout
     image = matplotlib.image.imread(run_dir / "report.png")
     assert image.shape[0] > 100 and image.std() > 0.01
+
+
+def assert_evaluated_before_and_after(stdout: str, run_dir: RunDir, limit: int) -> None:
+    """eval.tasks after training: the harness scored the starting weights and the final
+    model on the bundled task, each into its own RUN_DIR/eval/ dir, printed with a
+    before -> after line; the per-sample logs hold the answers."""
+    from launcher.rundir import EvalDir
+
+    dirs = sorted(run_dir.eval_root.iterdir(), key=lambda d: d.name.rsplit("-", 1)[-1])
+    assert [d.name.rsplit("-", 1)[-1] for d in dirs] == ["final", "initial"], dirs
+    for path, label in zip(dirs, ("final", "initial"), strict=True):
+        eval_dir = EvalDir(path)
+        summary = eval_dir.read_summary()
+        assert summary is not None and summary.label == label and summary.samples == limit
+        assert set(summary.scores["arith"]) >= {"exact_match,none"}
+        samples = [json.loads(line) for line in eval_dir.samples("arith").read_text()
+                   .splitlines()]
+        assert len(samples) == limit and samples[0]["target"] == "35"  # data/arith/eval
+        assert json.loads(eval_dir.results.read_text())["results"]["arith"]
+        assert str(path) in stdout
+    assert "ftl eval: before -> after training:" in stdout
+    assert "arith exact_match: " in stdout and "|arith|" in stdout
 
 
 def assert_examples_shown(stdout: str, run_dir: RunDir, count: int) -> ExamplesRecord:

@@ -1,0 +1,105 @@
+"""One evaluation on lm-evaluation-harness: the model wrapped as the harness's HFLM,
+`simple_evaluate` over already loaded tasks, and its output in RUN_DIR/eval/<timestamp>/:
+the harness's results.json as it reports them, one samples_<task>.jsonl per task (prompt,
+answer, target, score of every example) and ftl's summary.json (EvalSummary). The printed
+table is the harness's own (`make_table`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.config.schema import EvalConfig
+from launcher.data.eval_tasks import hub_offline
+from launcher.rundir import EvalDir, EvalSummary
+
+
+def quiet_harness() -> None:
+    """The harness logs every task folder and request at INFO: the console keeps its table."""
+    for name in ("lm_eval", "lm-eval"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def harness_model(model: Any, tokenizer: Any, ev: EvalConfig) -> Any:
+    """The harness's HFLM: a model dir's path (the harness loads, shards with eval.shard,
+    splits examples under `accelerate launch`), or a model ftl loaded, moved to the device."""
+    from lm_eval.models.huggingface import HFLM
+
+    if isinstance(model, (str, Path)):
+        placement: dict[str, Any] = {"parallelize": True} if ev.shard else {"device": device()}
+        return HFLM(pretrained=str(model), batch_size=ev.batch_size, dtype="auto", **placement)
+    return HFLM(pretrained=model.to(device()), tokenizer=tokenizer, batch_size=ev.batch_size)
+
+
+def run_harness(lm: Any, tasks: list[Any], ev: EvalConfig) -> dict[str, Any] | None:
+    """simple_evaluate with eval.*'s settings; None on every process but the first."""
+    from lm_eval import simple_evaluate
+    from lm_eval.utils import simple_parse_args_string
+
+    limit = ev.limit if ev.limit is None or ev.limit < 1 else int(ev.limit)
+    return simple_evaluate(
+        model=lm, tasks=tasks, num_fewshot=ev.num_fewshot, limit=limit,
+        batch_size=ev.batch_size, apply_chat_template=ev.apply_chat_template,
+        gen_kwargs=simple_parse_args_string(ev.gen_kwargs) if ev.gen_kwargs else None,
+        log_samples=True,
+    )
+
+
+def evaluate(model: Any, tokenizer: Any, tasks: list[Any], ev: EvalConfig,
+             eval_dir: EvalDir, name: str, label: str) -> EvalSummary | None:
+    """Score `model` (a dir's path, or a loaded model with its tokenizer) on `tasks`, write
+    the eval dir; the summary (None on processes other than the first)."""
+    quiet_harness()
+    started = time.monotonic()
+    with hub_offline():  # a local model: nothing to fetch, and no hub call to time out
+        results = run_harness(harness_model(model, tokenizer, ev), tasks, ev)
+    if results is None:
+        return None
+    summary = EvalSummary(
+        model=name, label=label, tasks=list(ev.tasks), scores=scores(results),
+        samples=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
+        seconds=round(time.monotonic() - started, 2),
+    )
+    write_results(results, eval_dir)
+    eval_dir.write_summary(summary)
+    return summary
+
+
+def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """task (and group) -> metric -> value, without the standard errors."""
+    table = {**results.get("results", {}), **results.get("groups", {})}
+    return {task: {key: float(value) for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and "_stderr" not in key}
+            for task, metrics in table.items()}
+
+
+def write_results(results: dict[str, Any], eval_dir: EvalDir) -> None:
+    from lm_eval.utils import handle_non_serializable
+
+    samples = results.pop("samples", {})
+    for task, rows in samples.items():
+        lines = [json.dumps(row, default=handle_non_serializable) for row in rows]
+        eval_dir.samples(task).write_text("\n".join(lines) + "\n")
+    eval_dir.results.write_text(
+        json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+
+
+def table(eval_dir: EvalDir) -> str:
+    """The harness's results table (and its groups'), from the written results.json."""
+    from lm_eval.utils import make_table
+
+    results = json.loads(eval_dir.results.read_text())
+    text = make_table(results)
+    if results.get("groups"):
+        text += "\n" + make_table(results, "groups")
+    return text.rstrip("\n")

@@ -1,0 +1,135 @@
+"""`ftl eval MODEL_DIR|RUN_DIR --tasks T1,T2`, a run's evaluation after training (`ftl train`
+with eval.tasks), and `ftl eval --prefetch`. Offline by design: every task is loaded from
+the HF cache before any model loads (launcher/data/eval_tasks.py), so a compute node with
+no network fails in seconds, naming the task and the prefetch command.
+
+The settings: the run's config.yaml when the model belongs to a run (its eval.*, and
+tensorboard in RUN_DIR), else the defaults; the verb's options override eval.*.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from launcher.config.compose import compose_config, load_run_config
+from launcher.config.schema import EvalConfig, RunConfig
+from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
+from launcher.errors import ConfigError
+from launcher.evaluation.harness import evaluate, table
+from launcher.evaluation.models import initial_weights, load_model, model_source
+from launcher.rundir import CONFIG, EvalSummary, RunDir, new_eval_dir
+from launcher.validation.evaluation import eval_key_problems
+
+
+@dataclass(frozen=True)
+class Request:
+    """`ftl eval`'s arguments: the dir, and the eval.* values its options set."""
+
+    target: Path
+    settings: dict[str, object]
+    """eval.* field -> value, from the options given."""
+    output: Path | None = None
+
+
+def ftl_eval(request: Request) -> int:
+    """The verb: a run dir evaluates as `ftl train` does after training; a model dir alone."""
+    if (request.target / CONFIG).is_file():
+        cfg = _with_settings(load_run_config(request.target / CONFIG), request.settings)
+        _check(cfg.eval, "ftl eval")
+        evaluate_run(cfg, RunDir(request.target))
+        return 0
+    source = model_source(request.target)
+    base = (load_run_config(source.run_dir / CONFIG) if source.run_dir
+            else compose_config([]))
+    cfg = _with_settings(base, request.settings)
+    if source.kind != "plain" and cfg.eval.shard:
+        raise ConfigError(f"--shard with {source.path}: ftl loads a {source.kind} model "
+                          "itself, on one device. Fix: leave --shard out.")
+    tasks = _check(cfg.eval, "ftl eval")
+    run_dir = RunDir(request.output or source.run_dir
+                     or Path(cfg.run.output_dir) / source.path.name)
+    eval_dir = new_eval_dir(run_dir)
+    model, tokenizer = ((str(source.path), None) if source.by_path
+                        else load_model(source, cfg if source.run_dir else None))
+    summary = evaluate(model, tokenizer, tasks, cfg.eval, eval_dir, str(source.path), "model")
+    assert summary is not None
+    _show(eval_dir.path, summary)
+    return 0
+
+
+def evaluate_run(cfg: RunConfig, run_dir: RunDir) -> list[EvalSummary]:
+    """eval.tasks on a finished run: its model/ (and with eval.before the weights it
+    started from, first); each into RUN_DIR/eval/<timestamp>-<label>/, printed."""
+    tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
+    summaries = []
+    if cfg.eval.before:
+        eval_dir = new_eval_dir(run_dir, "initial")
+        model, tokenizer = initial_weights(cfg, run_dir.path)
+        summary = evaluate(model, tokenizer, tasks, cfg.eval, eval_dir,
+                           f"initial ({cfg.model.path or 'built from config'})", "initial")
+        assert summary is not None
+        summaries.append(_show(eval_dir.path, summary))
+        tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)  # a Task keeps its run
+    eval_dir = new_eval_dir(run_dir, "final")
+    summary = evaluate(str(run_dir.model), None, tasks, cfg.eval, eval_dir,
+                       str(run_dir.model), "final")
+    assert summary is not None
+    summaries.append(_show(eval_dir.path, summary))
+    if len(summaries) == 2:
+        print(before_after(*summaries), flush=True)
+    return summaries
+
+
+def before_after(initial: EvalSummary, final: EvalSummary) -> str:
+    lines = ["ftl eval: before -> after training:"]
+    for task, metrics in final.scores.items():
+        for metric, value in metrics.items():
+            start = initial.scores.get(task, {}).get(metric)
+            if start is not None:
+                lines.append(f"  {task} {metric.split(',')[0]}: {start:.3f} -> {value:.3f}")
+    return "\n".join(lines)
+
+
+def prefetch(tasks: list[str], include_path: str) -> int:
+    """`ftl eval --prefetch`: load the tasks online, so their data lands in the HF cache;
+    print what a compute node needs to read it offline."""
+    missing = harness_missing("ftl eval --prefetch")
+    if missing or not tasks:
+        raise ConfigError([missing or "ftl eval --prefetch: no tasks. Fix: --tasks T1,T2."])
+    load_tasks(tasks, include_path, offline=False)
+    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+    env = " ".join(f"{key}={value}" for key, value in OFFLINE_ENV.items())
+    print(f"ftl eval: {', '.join(tasks)}: data cached in {home}. On a node with no "
+          f"network, with the same cache:\n  export HF_HOME={home} {env}", flush=True)
+    return 0
+
+
+def _with_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
+    given = {key: value for key, value in settings.items() if value is not None}
+    return replace(cfg, eval=replace(cfg.eval, **given))
+
+
+def _check(ev: EvalConfig, what: str) -> list[object]:
+    """The eval.* rules, the harness, and the tasks loaded offline: one ConfigError."""
+    problems = eval_key_problems(ev)
+    if not ev.tasks:
+        problems.append(f"{what}: no tasks. Fix: --tasks arith (the bundled demo task) or "
+                        "harness tasks, e.g. --tasks gsm8k,hellaswag.")
+    missing = harness_missing(what)
+    if problems or missing:
+        raise ConfigError(problems + ([missing] if missing else []))
+    return load_tasks(ev.tasks, ev.include_path)
+
+
+def _show(where: Path, summary: EvalSummary) -> EvalSummary:
+    print(f"ftl eval: {summary.model} ({summary.samples} examples, {summary.seconds:.1f} s)"
+          f", results in {where}:\n{table_of(where)}", flush=True)
+    return summary
+
+
+def table_of(where: Path) -> str:
+    from launcher.rundir import EvalDir
+
+    return table(EvalDir(where))

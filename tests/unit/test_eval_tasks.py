@@ -1,0 +1,46 @@
+"""The harness's tasks as `ftl eval` and `eval.tasks` load them: the bundled demo task from
+any directory, offline; a hub task whose data is not cached and an unknown name refused in
+one error, with the fix; the eval.* rules."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launcher.config.compose import PROJECT_ROOT, compose_config
+from launcher.config.schema import EvalConfig
+from launcher.data.eval_tasks import bundled_tasks, load_tasks
+from launcher.errors import ConfigError
+from launcher.validation.evaluation import eval_key_problems
+from launcher.validation.rules import config_problems
+
+
+def test_bundled_task_loads_offline_with_its_data_resolved(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert bundled_tasks()["arith"]["dataset_kwargs"]["data_files"]["test"] == str(
+        PROJECT_ROOT / "data/arith/eval.jsonl")
+    (task,) = load_tasks(["arith"])
+    assert task.task_name == "arith" and len(task.dataset["test"]) == 200
+
+
+def test_uncached_hub_task_and_unknown_name_are_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_tasks(["hellaswag", "arcc_easy", "arith"])
+    uncached, unknown = refused.value.problems
+    assert "'hellaswag': its data is not in the HF cache" in uncached
+    assert "ftl eval --prefetch --tasks hellaswag" in uncached
+    assert "'arcc_easy' is not a task" in unknown and "arc_easy" in unknown
+
+
+def test_eval_keys_are_checked_with_their_fixes() -> None:
+    bad = EvalConfig(limit=2.5, num_fewshot=-1, batch_size=0, include_path="/no/such/dir")
+    problems = eval_key_problems(bad)
+    assert [p.split(":")[0] for p in problems] == [
+        "eval.limit=2.5", "eval.num_fewshot=-1", "eval.batch_size=0",
+        "eval.include_path=/no/such/dir"]
+    assert eval_key_problems(EvalConfig(limit=0.5)) == []
+    cfg = compose_config(["eval.before=true"])
+    assert any(p.startswith("eval.before=true without eval.tasks") for p in
+               config_problems(cfg))
