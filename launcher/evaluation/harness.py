@@ -76,10 +76,11 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[Any], ev: EvalConfig,
 
 
 def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """task (and group) -> metric -> value, without the standard errors."""
+    """task (and group) -> metric -> value (the harness's `metric,filter` keys), without
+    the standard errors and counts such as sample_len."""
     table = {**results.get("results", {}), **results.get("groups", {})}
     return {task: {key: float(value) for key, value in metrics.items()
-                   if isinstance(value, (int, float)) and "_stderr" not in key}
+                   if isinstance(value, (int, float)) and "," in key and "_stderr" not in key}
             for task, metrics in table.items()}
 
 
