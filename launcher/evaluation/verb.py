@@ -19,6 +19,7 @@ from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
 from launcher.errors import ConfigError
 from launcher.evaluation.harness import evaluate, table
 from launcher.evaluation.models import initial_weights, load_model, model_source
+from launcher.evaluation.trackers import log_scores, step_of
 from launcher.rundir import CONFIG, EvalSummary, RunDir, new_eval_dir
 from launcher.validation.evaluation import eval_key_problems
 
@@ -56,6 +57,8 @@ def ftl_eval(request: Request) -> int:
     summary = evaluate(model, tokenizer, tasks, cfg.eval, eval_dir, str(source.path), "model")
     assert summary is not None
     _show(eval_dir.path, summary)
+    model_dir = source.path if source.kind != "adapter" else source.path.parent
+    log_scores(cfg, run_dir, summary, step_of(run_dir, model_dir.resolve()))
     return 0
 
 
@@ -71,12 +74,14 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir) -> list[EvalSummary]:
                            f"initial ({cfg.model.path or 'built from config'})", "initial")
         assert summary is not None
         summaries.append(_show(eval_dir.path, summary))
+        log_scores(cfg, run_dir, summary, step_of(run_dir, None))
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)  # a Task keeps its run
     eval_dir = new_eval_dir(run_dir, "final")
     summary = evaluate(str(run_dir.model), None, tasks, cfg.eval, eval_dir,
                        str(run_dir.model), "final")
     assert summary is not None
     summaries.append(_show(eval_dir.path, summary))
+    log_scores(cfg, run_dir, summary, step_of(run_dir, run_dir.model))
     if len(summaries) == 2:
         print(before_after(*summaries), flush=True)
     return summaries

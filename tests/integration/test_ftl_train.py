@@ -81,6 +81,8 @@ def test_ftl_train_records_metrics_and_report_draws_them(tmp_path: Path) -> None
                for r in ranks)
     events = list((run_dir / "tensorboard").rglob("events.out.tfevents*"))
     assert events and any(b"tokens_per_s" in e.read_bytes() for e in events)
+    # eval.tasks' scores beside the curves: before (step 0) and after (the last step)
+    assert any(b"eval_harness/arith/exact_match" in e.read_bytes() for e in events)
 
     report = ftl("report", str(run_dir))
     assert report.returncode == 0, report.stderr
