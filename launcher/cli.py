@@ -224,12 +224,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
           help="sweep: one job per combination of comma lists"),
       arg("--doctor", action="store_true",
           help="run ftl doctor's checks first; train if they pass"),
+      arg("--eval", metavar="T1,T2",
+          help="evaluate the model on these tasks as the job's last step (eval.tasks)"),
       OVERRIDES)
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.run.submit import submit
 
-    # --doctor: `ftl doctor`'s checks as the job's first step (the key cluster.doctor).
+    # --doctor: `ftl doctor`'s checks as the job's first step (the key cluster.doctor);
+    # --eval: `ftl eval RUN_DIR` as its last (the key eval.tasks).
     overrides = [*args.overrides, "cluster.doctor=true"] if args.doctor else args.overrides
+    if args.eval:
+        overrides = [*overrides, f"eval.tasks=[{args.eval}]"]
     return submit(overrides, dry_run=args.dry_run, multirun=args.multirun)
 
 

@@ -45,7 +45,7 @@ from launcher.run.submit import (
     submit_checked,
     with_default_cluster,
 )
-from launcher.rundir import RunDir
+from launcher.rundir import EvalDir, RunDir
 from launcher.schedulers.slurm import scancel, show_job
 
 pytestmark = pytest.mark.slow
@@ -283,11 +283,12 @@ def sigterm_job(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def reference(slurm: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    """One uninterrupted single-node job (2 processes), with a hostile run name."""
+    """One uninterrupted single-node job (2 processes), with a hostile run name; its last
+    step evaluates the model (eval.tasks)."""
     OWNED.unlink(missing_ok=True)
     out = tmp_path_factory.mktemp("slurm-reference")
     job = submit_job([*TINY, "cluster.gpus_per_node=2", f"run.output_dir={out}",
-                      f'run.name="{HOSTILE}"'])
+                      f'run.name="{HOSTILE}"', "eval.tasks=[arith]", "eval.limit=4"])
     yield job
     cancel_unfinished(job)
 
@@ -434,6 +435,18 @@ def test_single_node_job_trains_and_completes(reference: Job) -> None:
     with redirect_stdout(printed):
         assert status(str(reference.run_dir)) == 0
     assert f"job {reference.job_id}: COMPLETED" in printed.getvalue()
+    assert_evaluated_in_the_job(reference)
+
+
+def assert_evaluated_in_the_job(job: Job) -> None:
+    """eval.tasks under Slurm: `ftl eval RUN_DIR` ran as a step of the job after training,
+    its table in the job's output, its results in the run dir."""
+    log = job.out.read_text()
+    assert f"ftl: eval.tasks=arith: ftl eval {job.run_dir}" in log, job.logs()
+    (path,) = RunDir(job.run_dir).eval_root.iterdir()
+    summary = EvalDir(path).read_summary()
+    assert summary is not None and summary.samples == 4 and "arith" in summary.scores
+    assert str(path) in log and "|arith|" in log, log
 
 
 def test_hostile_run_name_never_executes(reference: Job) -> None:

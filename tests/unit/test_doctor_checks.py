@@ -174,12 +174,14 @@ def test_the_run_backend_is_the_engines() -> None:
     assert of("strategy=fsdp_offload", *gpu) == "cuda:nccl,cpu:gloo"
 
 
-def test_ftl_submit_doctor_puts_the_doctor_step_in_the_job(
+def test_ftl_submit_doctor_and_eval_put_their_steps_in_the_job(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--doctor: ftl doctor's step first; --eval (eval.tasks): ftl eval's step last."""
     from launcher.cli import main
 
-    assert main(["submit", "--dry-run", "--doctor", "cluster.gpu=cpu", "cluster.nodes=2",
-                 "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"]) == 0
+    assert main(["submit", "--dry-run", "--doctor", "--eval", "arith", "cluster.gpu=cpu",
+                 "cluster.nodes=2", "cluster.gpus_per_node=1", f"run.output_dir={tmp_path}"]) == 0
     script = capsys.readouterr().out
     assert "--module launcher.doctor.probe" in script
-    assert script.index("launcher.doctor.probe") < script.index("launcher.rank.worker")
+    assert (script.index("launcher.doctor.probe") < script.index("launcher.rank.worker")
+            < script.index('python -m launcher eval "$FTL_RUN_DIR"'))

@@ -297,6 +297,9 @@ def test_parse_scontrol_keeps_spaces_in_values() -> None:
 # shell, as Slurm's --signal=B:USR1 would, then behaves like the ranks would.
 FAKE_SRUN = """#!/bin/bash
 [ -n "$FAKE_SIGNAL" ] && kill -"$FAKE_SIGNAL" "$PPID" && sleep 0.5
+case "$*" in  # the eval.tasks step: its argv, then its exit code
+  *"python -m launcher eval "*) echo "eval step: $*"; exit "${FAKE_EVAL_RC:-0}" ;;
+esac
 saved() {  # what the ranks leave after a stop at step 3: preempted + a complete checkpoint
     echo '{"step": 3, "time": 1.0, "reason": "preempt.requested"}' > "$FTL_RUN_DIR/preempted"
     mkdir -p "$FTL_RUN_DIR/checkpoints/checkpoint-3"
@@ -321,7 +324,8 @@ esac
 
 
 def run_job_script(
-    tmp_path: Path, signal: str, ranks: str, restarts: str = ""
+    tmp_path: Path, signal: str, ranks: str, restarts: str = "",
+    overrides: tuple[str, ...] = (), eval_rc: int = 0,
 ) -> subprocess.CompletedProcess[str]:
     """The rendered script under bash, srun and scontrol replaced by the stand-ins above."""
     bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
@@ -330,11 +334,12 @@ def run_job_script(
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    script = render(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=3"]), run_dir)
+    script = render(compose_config([*CPU_JOB, "cluster.slurm.max_restarts=3", *overrides]),
+                    run_dir)
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
         "SLURM_JOB_NODELIST": "node1", "FAKE_SIGNAL": signal, "FAKE_RANKS": ranks,
-        "FAKE_REQUEUED": str(tmp_path / "requeued"),
+        "FAKE_REQUEUED": str(tmp_path / "requeued"), "FAKE_EVAL_RC": str(eval_rc),
     }
     if restarts:
         env["SLURM_RESTART_COUNT"] = restarts
@@ -546,3 +551,23 @@ def test_doctor_step_comes_first_and_a_failed_check_ends_the_job() -> None:
     assert text.count("torchrun --nnodes 2 --nproc_per_node 8") == 2
     assert text.count("--rdzv_conf join_timeout=900") == 2
     assert "launcher.doctor" not in render(compose_config([*GPU_JOB, "cluster.nodes=2"]), RUN_DIR)
+
+
+def test_eval_tasks_run_as_the_last_step_of_a_finished_job_only(tmp_path: Path) -> None:
+    """eval.tasks: `ftl eval RUN_DIR` on the first node with its GPUs once training has
+    finished; not after a stop (the requeued start evaluates), and a failed evaluation
+    fails the job without a requeue. The step on a real Slurm: tests/integration/test_slurm.py."""
+    text = render(compose_config([*GPU_JOB, "cluster.nodes=2", "eval.tasks=[arith]"]), RUN_DIR)
+    step = text.index("srun --nodes=1 --ntasks=1 --kill-on-bad-exit=1 --gpus-per-node=8 "
+                      '--cpus-per-task=32 python -m launcher eval "$FTL_RUN_DIR"')
+    assert text.index("--module launcher.rank.worker") < text.index("run finished") < step
+    assert "launcher eval" not in render(compose_config(GPU_JOB), RUN_DIR)
+    # cluster.gpu=cpu below: no GPUs asked for; a stop requeues (exit 0) without evaluating
+    for ranks, rc, exit_code in (("finish", 0, 0), ("finish", 3, 1), ("preempt", 0, 0)):
+        (job := tmp_path / f"{ranks}{rc}").mkdir()
+        done = run_job_script(job, "USR1" if ranks == "preempt" else "", ranks,
+                              overrides=("eval.tasks=[arith]",), eval_rc=rc)
+        assert done.returncode == exit_code, done.stdout + done.stderr
+        ran = "eval step: --nodes=1 --ntasks=1 --kill-on-bad-exit=1 python -m launcher eval"
+        assert (ran in done.stdout) == (ranks == "finish"), done.stdout
+        assert ("the evaluation failed" in done.stdout) == (rc != 0), done.stdout

@@ -53,13 +53,17 @@ def sbatch_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _has_gpus(cfg: RunConfig) -> bool:
+    preset = GPU_PRESETS.get(cfg.cluster.gpu)
+    return preset is not None and not preset.is_cpu
+
+
 def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
     """The #SBATCH lines, every value quoted for sbatch's own parser."""
     cluster, slurm = cfg.cluster, cfg.cluster.slurm
     # sbatch expands %j (the job id), %x, ... in --output: a literal % in the run dir is %%.
     logs = str(Path(run_dir) / LOGS).replace("%", "%%")
-    preset = GPU_PRESETS.get(cluster.gpu)
-    gpus = preset is not None and not preset.is_cpu
+    gpus = _has_gpus(cfg)
     pairs: list[tuple[str, str | None]] = [  # an empty value: the option is left out
         ("--job-name", cfg.run.name),
         ("--partition", slurm.partition),
@@ -251,6 +255,7 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         f'if [ -e "$FTL_RUN_DIR"/{RESULT} ] && [ ! -e "$FTL_RUN_DIR"/{PREEMPTED} ]; then',
         '    echo "ftl: run finished (step exit code $rc)"',
         '    [ "$rc" -eq 0 ] || echo "ftl: the run completed; a non-zero exit at shutdown"',
+        *_eval_lines(cfg),
         "    exit 0",
         "fi",
         f'if compgen -G "$FTL_RUN_DIR/{HANG}/rank-*.json" > /dev/null; then',
@@ -286,4 +291,27 @@ def _finish_lines(cfg: RunConfig) -> list[str]:
         'python -m launcher.rank.startup "$FTL_RUN_DIR"  # the nodes/ranks that never came',
         'echo "ftl: the run did not finish (exit code $rc); rank logs: $FTL_RUN_DIR/logs"',
         'exit "$rc"',
+    ]
+
+
+def _eval_lines(cfg: RunConfig) -> list[str]:
+    """eval.tasks (`ftl submit --eval T1,T2`): `ftl eval RUN_DIR` as the job's last step, on
+    its first node and that node's GPUs, once training has finished: the run's eval.* from
+    its config.yaml, the results into RUN_DIR/eval/. A failed evaluation fails the job
+    (exit 1, not requeued: the model is saved; `ftl eval RUN_DIR` reruns it alone)."""
+    if not cfg.eval.tasks:
+        return []
+    srun = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1"]
+    if _has_gpus(cfg):
+        srun.append(f"--gpus-per-node={cfg.cluster.gpus_per_node}")
+    if cfg.cluster.slurm.cpus_per_task:
+        srun.append(f"--cpus-per-task={cfg.cluster.slurm.cpus_per_task}")
+    said = shlex.quote(f"ftl: eval.tasks={','.join(cfg.eval.tasks)}: ftl eval")
+    return [
+        f'    echo {said} "$FTL_RUN_DIR"',
+        f'    if ! {" ".join(srun)} python -m launcher eval "$FTL_RUN_DIR"; then',
+        '        echo "ftl: the evaluation failed (above); the model is saved. Rerun it: '
+        'ftl eval $FTL_RUN_DIR"',
+        "        exit 1",
+        "    fi",
     ]
