@@ -17,11 +17,24 @@ from launcher.config.schema import EvalConfig
 from launcher.data.eval_tasks import hub_offline
 from launcher.rundir import EvalDir, EvalSummary
 
+INSTANCE_WARNINGS = ("`pretrained` model kwarg is not of type `str`",
+                     "Passed an already-initialized model through `pretrained`")
+"""What HFLM warns whenever it is given a loaded model, as ftl does for its own formats."""
+
 
 def quiet_harness() -> None:
-    """The harness logs every task folder and request at INFO: the console keeps its table."""
+    """The harness logs every task folder and request at INFO: the console keeps its table,
+    and its warnings less the two about a loaded model."""
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    hf = logging.getLogger("lm_eval.models.huggingface")
+    if not any(isinstance(f, _LoadedModelFilter) for f in hf.filters):
+        hf.addFilter(_LoadedModelFilter())
+
+
+class _LoadedModelFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(INSTANCE_WARNINGS)
 
 
 def device() -> str:
@@ -42,8 +55,11 @@ def harness_model(model: Any, tokenizer: Any, ev: EvalConfig) -> Any:
 
 
 def run_harness(lm: Any, tasks: list[Any], ev: EvalConfig) -> dict[str, Any] | None:
-    """simple_evaluate with eval.*'s settings; None on every process but the first."""
+    """simple_evaluate with eval.*'s settings; None on every process but the first. The
+    tasks come loaded: an empty TaskManager, or simple_evaluate would scan the harness's
+    own ~200 task folders again (3-4 s) only to pass them through."""
     from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
     from lm_eval.utils import simple_parse_args_string
 
     limit = ev.limit if ev.limit is None or ev.limit < 1 else int(ev.limit)
@@ -51,7 +67,7 @@ def run_harness(lm: Any, tasks: list[Any], ev: EvalConfig) -> dict[str, Any] | N
         model=lm, tasks=tasks, num_fewshot=ev.num_fewshot, limit=limit,
         batch_size=ev.batch_size, apply_chat_template=ev.apply_chat_template,
         gen_kwargs=simple_parse_args_string(ev.gen_kwargs) if ev.gen_kwargs else None,
-        log_samples=True,
+        log_samples=True, task_manager=TaskManager(include_defaults=False),
     )
 
 

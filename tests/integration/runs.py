@@ -183,3 +183,30 @@ def describe_failure(run: Run) -> str:
     errors = RunDir(run.run_dir).rank_errors().values()
     texts = [f"--- {e.name}\n{e.read_text()[-3000:]}" for e in errors]
     return f"rc={run.returncode}\n{run.output[-4000:]}\n" + "\n".join(texts)
+
+
+USER_TASK = """task: my_sums
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{instruction}}}}"
+doc_to_target: "{{{{output}}}}"
+generation_kwargs: {{until: [], do_sample: false, max_gen_toks: 4}}
+metric_list: [{{metric: exact_match, aggregation: mean, higher_is_better: true}}]
+"""
+"""A user's own lm-evaluation-harness task (two sums), as eval.include_path / --include-path
+reads it."""
+
+
+def write_user_task(root: Path) -> Path:
+    """tasks/my_sums.yaml and its two-row data under `root`; the folder to include."""
+    tasks = root / "tasks"
+    tasks.mkdir()
+    data = root / "sums.jsonl"
+    data.write_text('{"instruction": "1+1", "output": "2"}\n'
+                    '{"instruction": "2+2", "output": "4"}\n')
+    (tasks / "my_sums.yaml").write_text(USER_TASK.format(data=data))
+    return tasks
