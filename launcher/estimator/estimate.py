@@ -14,6 +14,7 @@ from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.config.strategies import concrete_strategies, is_auto, with_user_settings
 from launcher.engines.parallel_rules import parallel_engine_problems
 from launcher.estimator.flops import run_flops, run_seconds, trainable_params, training_tokens
+from launcher.estimator.inference import InferenceEstimate, inference_estimate
 from launcher.estimator.memory import (
     CPU_FRAMEWORK_BUFFER_BYTES,
     FIT_FRACTION,
@@ -77,6 +78,8 @@ class Estimate:
     strategy: str
     """The configured strategy (may be `auto`)."""
     strategies: list[StrategyEstimate]
+    inference: InferenceEstimate
+    """The trained model on one device for `ftl eval`/`ftl chat` (estimator/inference.py)."""
 
     def row(self, name: str) -> StrategyEstimate | None:
         """The row of strategy `name`, or None when the table has no such strategy (`auto`)."""
@@ -140,5 +143,5 @@ def estimate(cfg: RunConfig, tokens: int | None = None) -> Estimate:
     }
     return Estimate(
         cfg.model.name, count_params(cfg.model), trainable_params(cfg), tokens, flops, seconds,
-        hours, cfg.precision.name, cluster, cfg.strategy.name, rows,
+        hours, cfg.precision.name, cluster, cfg.strategy.name, rows, inference_estimate(cfg),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from launcher.config.hardware import gpu_preset
 from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
@@ -45,8 +46,26 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
         lines.append("  c: model construction (build + engine wrapping) peaks above training")
     if dpo:
         lines += _reference_lines(est)
-    lines += ["", _chosen_line(cfg, chosen)]
+    lines += [_inference_line(cfg, est), "", _chosen_line(cfg, chosen)]
     return "\n".join(lines)
+
+
+def _inference_line(cfg: RunConfig, est: Estimate) -> str:
+    """Whether `ftl eval`/`ftl chat` fit the trained model on one device, else on how many
+    with `ftl eval --shard`."""
+    inf, c = est.inference, est.cluster
+    device = "the host" if gpu_preset(c["gpu"]).is_cpu else f"one {c['gpu']}"
+    head = (f"inference (ftl eval, eval.batch_size={cfg.eval.batch_size} x "
+            f"{cfg.dataset.max_length} tokens): {_size(inf.weight_bytes)} weights + "
+            f"{_size(inf.batch_bytes)} KV cache and logits + {_size(inf.buffer_bytes)} "
+            f"allowance = {_size(inf.total_bytes)}: ")
+    if inf.fits:
+        return head + f"fits {device}"
+    if inf.shard_devices:
+        return head + (f"not {device}; ftl eval --shard spreads it over {inf.shard_devices} "
+                       f"of the node's {c['gpus_per_node']}")
+    return head + (f"not {device}, nor the node's {c['gpus_per_node']} with --shard. Fix: a "
+                   "smaller eval.batch_size or dataset.max_length, or more memory")
 
 
 def _header(cfg: RunConfig, est: Estimate) -> list[str]:
@@ -70,6 +89,10 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         + (f" ({rank_sequence(cfg)} per rank)" if cfg.parallel.sp > 1 else "")
         + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
     ]
+
+
+def _size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 1024**2:.1f} MiB"
 
 
 def _reference_lines(est: Estimate) -> list[str]:
