@@ -216,6 +216,7 @@ def signal_stop(runs_root: Path, strategy: str, launcher: str, signum: signal.Si
 
 
 TRACKERS = "train.report_to=[tensorboard,wandb,mlflow]"
+EVAL_AFTER = ["eval.tasks=[arith]", "eval.limit=4"]
 SECRETS = {"WANDB_API_KEY": "wandb-s3cr3t-key-never-written",
            "MLFLOW_TRACKING_PASSWORD": "mlflow-s3cr3t-never-written"}
 
@@ -256,6 +257,8 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
         mine.append(TRACKERS)
     stop = signal_stop(runs_root, strategy, launcher, signum, extra,
                        (TRACKERS,) if tracked else ())
+    if tracked:  # the resumed launch evaluates once finished: scores into the same runs
+        mine += EVAL_AFTER
     first_dir = stop.run_dir
     stop_step = check_stopped_at_a_boundary(first_dir, stop.returncode, stop.at_step, stop.log)
     half = plant_half_written_checkpoint(first_dir / "checkpoints", f"checkpoint-{stop_step}",
@@ -306,8 +309,10 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
 
 def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
                           losses: dict[int, float], store: str) -> None:
-    """Both launches logged to the same wandb and MLflow run; MLflow (read back with its
-    own client) has the run's params and each step's loss once; no secret in any file."""
+    """Both launches and the evaluation after the second (eval.tasks) logged to the same
+    wandb and MLflow run; MLflow (read back with its own client) has the run's params,
+    each step's loss once and the harness's score at the last step; no secret in any
+    file."""
     from mlflow import MlflowClient
 
     first, second = (json.loads((d / "trackers.json").read_text())
@@ -316,7 +321,7 @@ def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
     assert (first["launches"], second["launches"]) == (1, 2)
     # wandb offline: one folder per launch, offline-run-<time>-<run id>, in its run dir
     offline = [p for d in (first_dir, second_dir) for p in (d / "wandb").glob("offline-run-*")]
-    assert len(offline) == 2 and {p.name.rsplit("-", 1)[1] for p in offline} == {first["wandb"]}
+    assert len(offline) == 3 and {p.name.rsplit("-", 1)[1] for p in offline} == {first["wandb"]}
     assert all(any(p.glob("*.wandb")) for p in offline), offline
 
     client = MlflowClient(store)
@@ -334,6 +339,8 @@ def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,
     assert {m.step: m.value for m in history} == pytest.approx(losses)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval_loss")] == \
         [0, MAX_STEPS]  # eval_on_start, and the final eval after train() in the same run
+    (score,) = client.get_metric_history(run.info.run_id, "eval_harness/arith/exact_match")
+    assert score.step == MAX_STEPS and 0 <= score.value <= 1  # ftl eval's, after training
 
     files = [p for root in (first_dir, second_dir, Path(store.removeprefix("file://")))
              for p in root.rglob("*") if p.is_file()]
