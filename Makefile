@@ -76,12 +76,14 @@ test-full: venv ops
 # The lower bounds of pyproject.toml's ranges, proven: a second environment (.venv-lowest,
 # constraints-lowest.txt: the lowest supported transformers, accelerate, deepspeed, datasets,
 # peft and trl; torch 2.13.0, the CPU build this machine has) runs the estimate and
-# validation tests, TRL packing and one ddp, ZeRO-3, FSDP and LoRA training run. Not in CI.
+# validation tests, TRL packing, one ddp, ZeRO-3, FSDP and LoRA training run and ftl eval
+# (lm-eval's offline task loading, the LoRA run's adapter and merged model). Not in CI.
 LOWEST_SLICE := tests/unit/test_estimate.py tests/unit/test_validate.py tests/unit/test_packing.py \
 	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[ddp-torchrun-fp32]' \
 	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[zero3-torchrun-fp32]' \
 	'tests/integration/test_train_strategies.py::test_strategy_trains_sharded_and_saves_a_loadable_model[fsdp-torchrun-fp32]' \
-	'tests/integration/test_train_peft.py::test_lora_trains_adapters_and_saves_a_merged_model[ddp]'
+	'tests/integration/test_train_peft.py::test_lora_trains_adapters_and_saves_a_merged_model[ddp]' \
+	tests/unit/test_eval_tasks.py tests/integration/test_eval.py
 test-lowest:
 	$(MAKE) VENV=.venv-lowest CONSTRAINTS=constraints-lowest.txt ops
 	.venv-lowest/bin/python -m pytest -q --timeout=1800 --durations=10 $(LOWEST_SLICE)

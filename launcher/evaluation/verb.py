@@ -41,6 +41,10 @@ def ftl_eval(request: Request) -> int:
         _check(cfg.eval, "ftl eval")
         evaluate_run(cfg, RunDir(request.target))
         return 0
+    if request.settings.get("before"):
+        raise ConfigError(f"--before with {request.target}: the starting weights are known "
+                          "for a run only. Fix: ftl eval RUN_DIR --before (the dir holding "
+                          "config.yaml), or leave --before out.")
     source = model_source(request.target)
     base = (load_run_config(source.run_dir / CONFIG) if source.run_dir
             else compose_config([]))

@@ -1,10 +1,11 @@
 """The harness's tasks as `ftl eval` and `eval.tasks` load them: the bundled demo task from
 any directory, offline; a hub task whose data is not cached and an unknown name refused in
-one error, with the fix; the eval.* rules."""
+one error, with the fix; the eval.* rules; `--before` on a model dir refused."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from launcher.config.compose import PROJECT_ROOT, compose_config
 from launcher.config.schema import EvalConfig
 from launcher.data.eval_tasks import bundled_tasks, load_tasks
 from launcher.errors import ConfigError
+from launcher.evaluation.verb import Request, ftl_eval
 from launcher.validation.evaluation import eval_key_problems
 from launcher.validation.rules import config_problems
 
@@ -44,3 +46,8 @@ def test_eval_keys_are_checked_with_their_fixes() -> None:
     cfg = compose_config(["eval.before=true"])
     assert any(p.startswith("eval.before=true without eval.tasks") for p in
                config_problems(cfg))
+
+
+def test_before_with_a_model_dir_is_refused_not_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--before with .*Fix: ftl eval RUN_DIR --before"):
+        ftl_eval(Request(Path(tmp_path), {"tasks": ["arith"], "before": True}))
