@@ -197,6 +197,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
           help="with a RUN_DIR: also score the weights the run started from"),
       arg("--shard", action="store_true", default=None,
           help="split the model over this node's GPUs"),
+      arg("--processes", type=int, metavar="N",
+          help="data parallel: N processes on N of this node's GPUs (eval.processes)"),
       arg("--output", help="the dir whose eval/ gets the results (default: the model's run "
           "dir, else run.output_dir/<model dir name>)"),
       arg("--prefetch", action="store_true",
@@ -213,7 +215,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = {"tasks": tasks, "num_fewshot": args.num_fewshot, "limit": args.limit,
                 "batch_size": args.batch_size, "apply_chat_template": args.apply_chat_template,
                 "include_path": args.include_path, "gen_kwargs": args.gen_kwargs,
-                "shard": args.shard, "before": args.before}
+                "shard": args.shard, "before": args.before, "processes": args.processes}
     return ftl_eval(Request(Path(args.target), settings,
                             Path(args.output) if args.output else None))
 

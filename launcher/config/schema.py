@@ -392,6 +392,11 @@ class EvalConfig:
     shard: bool = False
     """Split one model's layers over this node's GPUs (the harness's parallelize=True), for
     a model too large for one device; one process."""
+    processes: int = 1
+    """Data-parallel evaluation: this many processes on as many of the node's GPUs, each
+    scoring its share of the examples (the harness under `accelerate launch`), for a model
+    dir the harness loads by path; 1: one process. GPUs only: on CPU the harness gives
+    every process every example."""
 
 
 @dataclass

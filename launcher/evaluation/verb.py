@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from launcher.config.compose import compose_config, load_run_config
 from launcher.config.schema import EvalConfig, RunConfig
@@ -19,8 +20,9 @@ from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
 from launcher.errors import ConfigError
 from launcher.evaluation.harness import evaluate, table
 from launcher.evaluation.models import initial_weights, load_model, model_source
+from launcher.evaluation.processes import evaluate_in_processes, gpu_count, processes_problem
 from launcher.evaluation.trackers import log_scores, step_of
-from launcher.rundir import CONFIG, EvalSummary, RunDir, new_eval_dir
+from launcher.rundir import CONFIG, EvalDir, EvalSummary, RunDir, new_eval_dir
 from launcher.validation.evaluation import eval_key_problems
 
 
@@ -38,7 +40,7 @@ def ftl_eval(request: Request) -> int:
     """The verb: a run dir evaluates as `ftl train` does after training; a model dir alone."""
     if (request.target / CONFIG).is_file():
         cfg = _with_settings(load_run_config(request.target / CONFIG), request.settings)
-        _check(cfg.eval, "ftl eval")
+        _check(cfg.eval, "ftl eval", "plain")
         evaluate_run(cfg, RunDir(request.target))
         return 0
     if request.settings.get("before"):
@@ -52,14 +54,13 @@ def ftl_eval(request: Request) -> int:
     if source.kind != "plain" and cfg.eval.shard:
         raise ConfigError(f"--shard with {source.path}: ftl loads a {source.kind} model "
                           "itself, on one device. Fix: leave --shard out.")
-    tasks = _check(cfg.eval, "ftl eval")
+    tasks = _check(cfg.eval, "ftl eval", source.kind)
     run_dir = RunDir(request.output or source.run_dir
                      or Path(cfg.run.output_dir) / source.path.name)
     eval_dir = new_eval_dir(run_dir)
     model, tokenizer = ((str(source.path), None) if source.by_path
                         else load_model(source, cfg if source.run_dir else None))
-    summary = evaluate(model, tokenizer, tasks, cfg.eval, eval_dir, str(source.path), "model")
-    assert summary is not None
+    summary = _score(model, tokenizer, tasks, cfg.eval, eval_dir, str(source.path), "model")
     _show(eval_dir.path, summary)
     model_dir = source.path if source.kind != "adapter" else source.path.parent
     log_scores(cfg, run_dir, summary, step_of(run_dir, model_dir.resolve()))
@@ -74,21 +75,30 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir) -> list[EvalSummary]:
     if cfg.eval.before:
         eval_dir = new_eval_dir(run_dir, "initial")
         model, tokenizer = initial_weights(cfg, run_dir.path)
-        summary = evaluate(model, tokenizer, tasks, cfg.eval, eval_dir,
-                           f"initial ({cfg.model.path or 'built from config'})", "initial")
-        assert summary is not None
+        summary = _score(model, tokenizer, tasks, cfg.eval, eval_dir,
+                         f"initial ({cfg.model.path or 'built from config'})", "initial")
         summaries.append(_show(eval_dir.path, summary))
         log_scores(cfg, run_dir, summary, step_of(run_dir, None))
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)  # a Task keeps its run
     eval_dir = new_eval_dir(run_dir, "final")
-    summary = evaluate(str(run_dir.model), None, tasks, cfg.eval, eval_dir,
-                       str(run_dir.model), "final")
-    assert summary is not None
+    summary = _score(str(run_dir.model), None, tasks, cfg.eval, eval_dir,
+                     str(run_dir.model), "final")
     summaries.append(_show(eval_dir.path, summary))
     log_scores(cfg, run_dir, summary, step_of(run_dir, run_dir.model))
     if len(summaries) == 2:
         print(before_after(*summaries), flush=True)
     return summaries
+
+
+def _score(model: Any, tokenizer: Any, tasks: list[object], ev: EvalConfig,
+           eval_dir: EvalDir, name: str, label: str) -> EvalSummary:
+    """One evaluation: in eval.processes processes for a model dir given by path, else
+    here (the starting weights ftl builds itself are one process's)."""
+    if ev.processes > 1 and isinstance(model, str):
+        return evaluate_in_processes(model, ev, eval_dir, name, label, ev.processes)
+    summary = evaluate(model, tokenizer, tasks, ev, eval_dir, name, label)
+    assert summary is not None  # one process: the first
+    return summary
 
 
 def before_after(initial: EvalSummary, final: EvalSummary) -> str:
@@ -120,9 +130,12 @@ def _with_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
     return replace(cfg, eval=replace(cfg.eval, **given))
 
 
-def _check(ev: EvalConfig, what: str) -> list[object]:
-    """The eval.* rules, the harness, and the tasks loaded offline: one ConfigError."""
+def _check(ev: EvalConfig, what: str, kind: str) -> list[object]:
+    """The eval.* rules (eval.processes against this machine's GPUs and the model's
+    `kind`), the harness, and the tasks loaded offline: one ConfigError."""
     problems = eval_key_problems(ev)
+    if ev.processes > 1 and (problem := processes_problem(ev, kind, gpu_count())):
+        problems.append(problem)
     if not ev.tasks:
         problems.append(f"{what}: no tasks. Fix: --tasks arith (the bundled demo task) or "
                         "harness tasks, e.g. --tasks gsm8k,hellaswag.")

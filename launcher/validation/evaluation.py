@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import EvalConfig, RunConfig
 from launcher.data.eval_tasks import harness_missing, load_tasks
 from launcher.errors import ConfigError, flagged
@@ -25,6 +26,12 @@ def eval_key_problems(ev: EvalConfig) -> list[str]:
          "or leave it empty for each task's default."),
         (ev.batch_size < 1,
          f"eval.batch_size={ev.batch_size}: must be >= 1. Fix: e.g. eval.batch_size=16."),
+        (ev.processes < 1,
+         f"eval.processes={ev.processes}: must be >= 1. Fix: eval.processes=1, or the "
+         "number of the node's GPUs to evaluate on."),
+        (ev.processes > 1 and ev.shard,
+         f"eval.processes={ev.processes} with eval.shard=true: one model split over the GPUs "
+         "is one process. Fix: one of them (processes for a model that fits one GPU)."),
         (bool(ev.include_path) and not Path(ev.include_path).is_dir(),
          f"eval.include_path={ev.include_path}: not a directory. Fix: the directory that "
          "holds your task YAMLs."),
@@ -33,11 +40,22 @@ def eval_key_problems(ev: EvalConfig) -> list[str]:
 
 def eval_rules(cfg: RunConfig) -> list[str]:
     """A run's eval.* values (rules.config_problems: every verb that composes a run)."""
-    ev = cfg.eval
-    return eval_key_problems(ev) + flagged([(
-        ev.before and not ev.tasks,
-        "eval.before=true without eval.tasks: nothing to evaluate. Fix: eval.tasks=[arith] "
-        "(or your tasks), or leave eval.before out.")])
+    ev, cluster = cfg.eval, cfg.cluster
+    n = ev.processes
+    preset = GPU_PRESETS.get(cluster.gpu)  # an unknown name: the cluster rules say so
+    on_cpu = preset is not None and preset.is_cpu
+    return eval_key_problems(ev) + flagged([
+        (ev.before and not ev.tasks,
+         "eval.before=true without eval.tasks: nothing to evaluate. Fix: eval.tasks=[arith] "
+         "(or your tasks), or leave eval.before out."),
+        (n > 1 and on_cpu,
+         f"eval.processes={n} with cluster.gpu={cluster.gpu}: the harness splits examples "
+         "only across GPUs (on CPU each process would score every example). Fix: "
+         "eval.processes=1."),
+        (n > 1 and preset is not None and not on_cpu and n > cluster.gpus_per_node,
+         f"eval.processes={n}: more than the node's cluster.gpus_per_node="
+         f"{cluster.gpus_per_node} GPUs. Fix: eval.processes={cluster.gpus_per_node}."),
+    ])
 
 
 def eval_task_problems(ev: EvalConfig, what: str) -> list[str]:

@@ -1,7 +1,8 @@
 """`ftl eval` on a model the suite already trained (no training of its own): the LoRA run's
 adapter through the CLI, from another folder, on the bundled task and a user task from
 --include-path (files in the run dir, the harness's table), loaded on the base its run
-rebuilds, answers every example exactly as its merged model/ does. ftl train's eval.tasks
+rebuilds, answers every example exactly as its merged model/ does, scored by a worker of
+eval.processes' `accelerate launch` (one: CPU splits nothing). ftl train's eval.tasks
 (before and after, >= 90 % on the demo): test_ftl_train.py; under Slurm: test_slurm.py.
 Offline refusals: tests/unit/test_eval_tasks.py."""
 
@@ -17,8 +18,9 @@ import pytest
 from runs import EVIDENCE, Run, callbacks, describe_failure, write_user_task
 
 from launcher.config.compose import PROJECT_ROOT
-from launcher.evaluation.verb import Request, ftl_eval
-from launcher.rundir import EvalDir
+from launcher.config.schema import EvalConfig
+from launcher.evaluation.processes import evaluate_in_processes
+from launcher.rundir import EvalDir, RunDir, new_eval_dir
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +51,14 @@ def test_lora_adapter_answers_as_its_merged_model(trained: Callable[..., Run],
     assert "|arith  |" in done.stdout and "|my_sums|" in done.stdout, done.stdout
     assert str(adapter.path) in done.stdout
 
-    assert ftl_eval(Request(run.run_dir / "model", {"tasks": ["arith"], "limit": 6})) == 0
-    merged = newest_eval(run.run_dir)
-    assert merged.read_summary().model == str(run.run_dir / "model")
+    # The merged model through eval.processes' path: a real `accelerate launch` of one
+    # worker (the one size that splits nothing on CPU), the eval dir written by it.
+    merged = new_eval_dir(RunDir(run.run_dir))
+    model = str(run.run_dir / "model")
+    summary = evaluate_in_processes(model, EvalConfig(tasks=["arith"], limit=6), merged,
+                                    model, "model", processes=1)
+    assert summary == merged.read_summary() and summary.model == model
+    assert summary.samples == 6 and not (merged.path / "request.json").exists()
     answers = [[json.loads(line)["resps"] for line in d.samples("arith").read_text()
                 .splitlines()] for d in (adapter, merged)]
     assert len(answers[0]) == 6 and answers[0] == answers[1]

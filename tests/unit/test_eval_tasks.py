@@ -51,3 +51,30 @@ def test_eval_keys_are_checked_with_their_fixes() -> None:
 def test_before_with_a_model_dir_is_refused_not_ignored(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--before with .*Fix: ftl eval RUN_DIR --before"):
         ftl_eval(Request(Path(tmp_path), {"tasks": ["arith"], "before": True}))
+
+
+def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
+    """eval.processes: GPUs only (HFLM splits examples across CUDA devices; on CPU every
+    process would score every example), never more than the node has, not with --shard,
+    not for a model ftl loads itself. Its launch: accelerate's, one worker per GPU. The
+    workers through a real `accelerate launch`: tests/integration/test_eval.py."""
+    from launcher.evaluation.processes import launch_argv, processes_problem
+
+    assert eval_key_problems(EvalConfig(processes=0))[0].startswith("eval.processes=0:")
+    assert "with eval.shard=true" in eval_key_problems(EvalConfig(processes=2, shard=True))[0]
+    on_cpu = config_problems(compose_config(["eval.tasks=[arith]", "eval.processes=2"]))
+    assert any(p.startswith("eval.processes=2 with cluster.gpu=cpu") for p in on_cpu)
+    gpus = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=4", "eval.tasks=[arith]"]
+    too_many = config_problems(compose_config([*gpus, "eval.processes=8"]))
+    assert any("Fix: eval.processes=4" in p for p in too_many)
+    assert not [p for p in config_problems(compose_config([*gpus, "eval.processes=4"]))
+                if p.startswith("eval.")]
+    four = EvalConfig(processes=4)
+    assert processes_problem(four, "plain", 4) is None
+    assert "this machine has 0 GPU(s)" in str(processes_problem(four, "plain", 0))
+    assert "with an adapter model: ftl loads it itself" in str(
+        processes_problem(four, "adapter", 8))
+    argv = launch_argv(4, "/run/eval/x/request.json")
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"]
+    assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
+    assert argv[-3:] == ["--module", "launcher.evaluation.worker", "/run/eval/x/request.json"]
