@@ -1,5 +1,5 @@
 """`ftl eval` on a model the suite already trained (no training of its own): the LoRA run's
-adapter through the CLI, from another folder, on the bundled task and a user task from
+adapter through the CLI (in process), from another folder, on the bundled task and a user task from
 --include-path (files in the run dir, the harness's table), loaded on the base its run
 rebuilds, answers every example exactly as its merged model/ does, scored by a worker of
 eval.processes' `accelerate launch` (one: CPU splits nothing). ftl train's eval.tasks
@@ -9,14 +9,13 @@ Offline refusals: tests/unit/test_eval_tasks.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from runs import EVIDENCE, Run, callbacks, describe_failure, write_user_task
 
+from launcher.cli import main
 from launcher.config.compose import PROJECT_ROOT
 from launcher.config.schema import EvalConfig
 from launcher.evaluation.processes import evaluate_in_processes
@@ -29,17 +28,19 @@ def newest_eval(run_dir: Path) -> EvalDir:
     return EvalDir(max((run_dir / "eval").iterdir(), key=lambda p: p.stat().st_mtime_ns))
 
 
-def test_lora_adapter_answers_as_its_merged_model(trained: Callable[..., Run],
-                                                   tmp_path: Path) -> None:
+def test_lora_adapter_answers_as_its_merged_model(
+    trained: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     run = trained("lora-ddp-torchrun-fp32",  # test_train_peft.py's run: same name, overrides
                   ["strategy=ddp", "peft=lora", callbacks(*EVIDENCE, "ParamChecksumProbe")])
     assert run.returncode == 0, describe_failure(run)
     tasks = write_user_task(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher", "eval", str(run.run_dir / "model" / "adapter"),
-         "--tasks", "arith,my_sums", "--include-path", str(tasks), "--limit", "6"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)  # not the project root
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)  # not the project root
+    code = main(["eval", str(run.run_dir / "model" / "adapter"), "--tasks", "arith,my_sums",
+                 "--include-path", str(tasks), "--limit", "6"])  # the CLI, in this process
+    done = capsys.readouterr()
+    assert code == 0, done.out[-3000:] + done.err[-3000:]
     adapter = newest_eval(run.run_dir)
     summary = adapter.read_summary()
     assert summary is not None and summary.samples == 6 + 2
@@ -48,8 +49,8 @@ def test_lora_adapter_answers_as_its_merged_model(trained: Callable[..., Run],
     results = json.loads(adapter.results.read_text())
     assert results["configs"]["arith"]["dataset_kwargs"]["data_files"]["test"] == str(
         PROJECT_ROOT / "data/arith/eval.jsonl")  # resolved from the project root
-    assert "|arith  |" in done.stdout and "|my_sums|" in done.stdout, done.stdout
-    assert str(adapter.path) in done.stdout
+    assert "|arith  |" in done.out and "|my_sums|" in done.out, done.out
+    assert str(adapter.path) in done.out
 
     # The merged model through eval.processes' path: a real `accelerate launch` of one
     # worker (the one size that splits nothing on CPU), the eval dir written by it.
