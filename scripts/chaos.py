@@ -11,9 +11,10 @@
    third kill (the 2nd, 5th, ...) then waits for the next checkpoint being written (its
    directory exists, its COMPLETE marker does not), freezes the process tree (SIGSTOP),
    and kills it only if that save is still unfinished (else it lets the run go on to the
-   next save); every fourth (the 3rd, 7th, ...) kills one rank only (the launcher then
-   tears down the rest); the others kill the whole process tree (`ftl train`, the launcher,
-   every rank) at once. So 3 rounds make one kill of each kind. A kill counts as a
+   next save); every fourth from the first (the 1st, 5th, 9th, ...) kills one rank only
+   (the launcher then tears down the rest); the others kill the whole process tree (`ftl
+   train`, the launcher, every rank) at once. So 2 rounds make a one-rank and a mid-save
+   kill, and 3 rounds one kill of each kind. A kill counts as a
    mid-save kill only when, after it, the checkpoint it interrupted is still incomplete.
 3. Relaunches without kills until the run finishes.
 4. Checks: every launch started at the step of the newest complete checkpoint that existed
@@ -182,7 +183,7 @@ def one_round(index: int, output: Path, overrides: list[str], report: Report,
     if run_dir is None or not checkpointed(run_dir, proc):
         kill_all(proc)
         return _finished(proc, run_dir, report)
-    mode = "save" if index % 3 == 1 else "rank" if index % 4 == 2 else "random"
+    mode = "save" if index % 3 == 1 else "rank" if index % 4 == 0 else "random"
     caught: list[Path] = []
     if mode == "save":
         caught = freeze_in_a_save(run_dir, proc)
