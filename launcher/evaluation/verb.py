@@ -40,8 +40,7 @@ def ftl_eval(request: Request) -> int:
     """The verb: a run dir evaluates as `ftl train` does after training; a model dir alone."""
     if (request.target / CONFIG).is_file():
         cfg = _with_settings(load_run_config(request.target / CONFIG), request.settings)
-        _check(cfg.eval, "ftl eval", "plain")
-        evaluate_run(cfg, RunDir(request.target))
+        evaluate_run(cfg, RunDir(request.target), _check(cfg.eval, "ftl eval", "plain"))
         return 0
     if request.settings.get("before"):
         raise ConfigError(f"--before with {request.target}: the starting weights are known "
@@ -67,10 +66,13 @@ def ftl_eval(request: Request) -> int:
     return 0
 
 
-def evaluate_run(cfg: RunConfig, run_dir: RunDir) -> list[EvalSummary]:
+def evaluate_run(cfg: RunConfig, run_dir: RunDir,
+                 tasks: list[object] | None = None) -> list[EvalSummary]:
     """eval.tasks on a finished run: its model/ (and with eval.before the weights it
-    started from, first); each into RUN_DIR/eval/<timestamp>-<label>/, printed."""
-    tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
+    started from, first); each into RUN_DIR/eval/<timestamp>-<label>/, printed. `tasks`:
+    already loaded (ftl eval's check loads them), else loaded here."""
+    if tasks is None:
+        tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
     summaries = []
     if cfg.eval.before:
         eval_dir = new_eval_dir(run_dir, "initial")
@@ -152,6 +154,4 @@ def _show(where: Path, summary: EvalSummary) -> EvalSummary:
 
 
 def table_of(where: Path) -> str:
-    from launcher.rundir import EvalDir
-
     return table(EvalDir(where))
