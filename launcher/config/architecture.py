@@ -1,7 +1,19 @@
-"""Parameters counted from a ModelConfig's architecture numbers (Llama-style decoder: GQA
-attention, gated MLP, RMSNorm, q/k/v biases for architecture=qwen2, untied lm_head unless
-`model.tie_word_embeddings`). Equal to the published counts of Llama-2 7B/13B/70B and
-Mistral-7B, and to HF models built from the same numbers (tests).
+"""Parameters counted from a ModelConfig's architecture numbers, as transformers 5.24 builds
+each `model.architecture` (HF model_type):
+
+- every one: GQA attention (q/k/v/o over heads of `head_dim`), RMSNorms, the embedding,
+  a final norm and an lm_head unless `model.tie_word_embeddings`;
+- llama, mistral: a gated MLP (gate/up/down_proj), 2 norms per layer;
+- qwen2: + q/k/v biases; qwen3: + q_norm and k_norm (head_dim each) per layer, no biases;
+- gemma3_text: qwen3's attention norms and 4 norms per layer (around attention and MLP);
+- qwen3_moe (qwen3's attention), mixtral (mistral's): every layer's MLP is a mixture of
+  `num_experts` gated MLPs of width `intermediate_size` and a router (h x E, no bias).
+  transformers 5 keeps a layer's experts in ONE module of two 3-D weights, gate_up_proj
+  (E x 2i x h) and down_proj (E x h x i), not a list of nn.Linear.
+
+Equal to the published counts (Llama-2 7B/13B/70B, Mistral-7B, Llama-3.1, Qwen3,
+Mixtral, Gemma 3's text decoder) and to the HF models built from the same numbers
+(tests/unit/test_architecture.py). An unknown model_type is counted as llama.
 
 Below the estimator and the engines: both size things by them (DeepSpeed's buckets,
 the memory formulas).
@@ -11,48 +23,105 @@ from __future__ import annotations
 
 from launcher.config.schema import ModelConfig
 
+QKV_BIAS = frozenset({"qwen2"})
+"""Architectures whose q/k/v projections have biases."""
+QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+"""Architectures with an RMSNorm of head_dim on each query and key head."""
+NORMS_PER_LAYER = {"gemma3_text": 4}
+"""Norms of the residual stream per decoder layer; 2 (before attention, before the MLP)
+for the others."""
+MOE_ARCHITECTURES = frozenset({"qwen3_moe", "mixtral"})
+"""Architectures whose layers are mixtures of experts (they need model.num_experts)."""
+DENSE_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text"})
+"""Architectures with one MLP per layer (model.num_experts=0)."""
+
+
+def head_dim(model: ModelConfig) -> int:
+    """model.head_dim, or hidden_size / num_heads when 0."""
+    return model.head_dim or model.hidden_size // max(model.num_heads, 1)
+
+
+def is_moe(model: ModelConfig) -> bool:
+    """A mixture of experts: num_experts > 0 (validation ties it to the architecture)."""
+    return model.num_experts > 0
+
 
 def linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) of every linear layer in one decoder layer, by HF module name."""
-    h, inter = model.hidden_size, model.intermediate_size
-    kv = h // model.num_heads * model.num_kv_heads
-    return {
-        "q_proj": (h, h),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (h, h),
-        "gate_proj": (h, inter),
-        "up_proj": (h, inter),
-        "down_proj": (inter, h),
-    }
+    """(in, out) of every nn.Linear in one decoder layer, by HF module name: attention's
+    four, and a dense model's MLP (an MoE layer's experts are 3-D parameters and its router
+    is no nn.Linear: neither is here)."""
+    h, inter, d = model.hidden_size, model.intermediate_size, head_dim(model)
+    q, kv = model.num_heads * d, model.num_kv_heads * d
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    if not is_moe(model):
+        shapes.update(gate_proj=(h, inter), up_proj=(h, inter), down_proj=(inter, h))
+    return shapes
 
 
 def layer_linear_params(model: ModelConfig) -> int:
-    """Weights of one decoder layer's linear layers (the ones QLoRA quantizes)."""
+    """Weights of one decoder layer's nn.Linear layers (the ones QLoRA quantizes and
+    AutoTP splits)."""
     return sum(i * o for i, o in linear_shapes(model).values())
 
 
+def expert_params(model: ModelConfig) -> int:
+    """One layer's experts module: E x (gate_up 2ih + down ih); 0 for a dense model."""
+    return model.num_experts * 3 * model.hidden_size * model.intermediate_size
+
+
+def router_params(model: ModelConfig) -> int:
+    """One layer's router (gate): h x E, no bias."""
+    return model.hidden_size * model.num_experts
+
+
+def layer_params(model: ModelConfig) -> int:
+    """Every parameter of one decoder layer: linears, biases, norms, experts and router."""
+    h, d = model.hidden_size, head_dim(model)
+    arch = model.architecture
+    bias = (model.num_heads + 2 * model.num_kv_heads) * d if arch in QKV_BIAS else 0
+    qk_norms = 2 * d if arch in QK_NORM else 0
+    norms = NORMS_PER_LAYER.get(arch, 2) * h
+    experts = expert_params(model) + router_params(model) if is_moe(model) else 0
+    return layer_linear_params(model) + bias + qk_norms + norms + experts
+
+
 def count_params(model: ModelConfig) -> int:
-    """Total parameters of a Llama-style decoder from its architecture numbers."""
+    """Total parameters: what memory holds (weights, gradients, optimizer states), every
+    expert included."""
     h = model.hidden_size
-    kv = h // model.num_heads * model.num_kv_heads
-    bias = h + 2 * kv if model.architecture == "qwen2" else 0  # Qwen2 has q/k/v biases
-    per_layer = layer_linear_params(model) + bias + 2 * h  # + input/post-attention norms
     embeddings = model.vocab_size * h
     lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
-    return embeddings + model.num_layers * per_layer + h + lm_head  # + final norm
+    return embeddings + model.num_layers * layer_params(model) + h + lm_head  # + final norm
+
+
+def active_params(model: ModelConfig) -> int:
+    """Parameters one token runs through: count_params with experts_per_token experts per
+    layer instead of all of them (the router still scores every expert). What compute
+    counts (C = 6 x active x tokens); = count_params for a dense model."""
+    idle = max(model.num_experts - model.experts_per_token, 0)
+    return count_params(model) - model.num_layers * idle * 3 * model.hidden_size * (
+        model.intermediate_size)
 
 
 def rank_params(model: ModelConfig, tp: int = 1) -> int:
     """Parameters one tensor-parallel rank holds: every decoder linear split tp ways,
-    embeddings, lm_head and norms whole (AutoTP)."""
+    embeddings, lm_head and norms whole (AutoTP; validation keeps MoE models at tp 1)."""
     return count_params(model) - model.num_layers * layer_linear_params(model) * (tp - 1) // tp
 
 
 def largest_layer_params(model: ModelConfig) -> int:
     """Parameters of the largest single module (what DeepSpeed's model_to_params finds):
-    ZeRO-3 gathers one module at a time, so this sizes its working set."""
-    biased = ("q_proj", "k_proj", "v_proj") if model.architecture == "qwen2" else ()
+    ZeRO-3 gathers one module at a time, so this sizes its working set. In an MoE model
+    the experts module (E x 3 x h x i) is one module, usually the largest."""
+    biased = ("q_proj", "k_proj", "v_proj") if model.architecture in QKV_BIAS else ()
     linear = max(i * o + (o if name in biased else 0)
                  for name, (i, o) in linear_shapes(model).items())
-    return max(model.vocab_size * model.hidden_size, linear)
+    return max(model.vocab_size * model.hidden_size, linear, expert_params(model))
+
+
+def largest_tensor_params(model: ModelConfig, tp: int = 1) -> int:
+    """Elements of the largest single parameter (one rank's share of a split linear): the
+    embedding, a linear weight, or an MoE layer's gate_up_proj (E x 2i x h)."""
+    linear = max(i * o for i, o in linear_shapes(model).values()) // tp
+    gate_up = 2 * model.num_experts * model.intermediate_size * model.hidden_size
+    return max(model.vocab_size * model.hidden_size, linear, gate_up)

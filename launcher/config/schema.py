@@ -22,9 +22,20 @@ class ModelConfig:
     tokenizer: str = ""
     """Tokenizer directory or hub id; empty: same as `path`."""
     architecture: str = "llama"
-    """HF model_type used when building from config (llama, mistral, qwen2)."""
+    """HF model_type used when building from config: llama, mistral, qwen2 (q/k/v biases),
+    qwen3 (q/k norms), gemma3_text (4 norms per layer), and the mixtures of experts
+    qwen3_moe and mixtral (they need model.num_experts). Parameters per architecture:
+    launcher/config/architecture.py."""
     decoder_layer: str = "LlamaDecoderLayer"
     """Class name FSDP wraps and the estimator treats as one layer."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel the model is built with (transformers' attn_implementation), for
+    the trained model and DPO's reference: sdpa (torch's scaled_dot_product_attention),
+    eager (plain matmuls; keeps the s x s scores), flash_attention_2 (pip install
+    flash-attn; Ampere or newer, precision bf16/fp16), flash_attention_3 (FlashAttention-3;
+    Hopper), flex_attention (torch's FlexAttention; GPU presets: it has no backward on
+    CPU). With parallel.sp > 1 it is also Ulysses' core attention (sdpa or flash only).
+    docs/guide.md, "Speed switches"."""
     hidden_size: int = MISSING
     """Width of the residual stream. These numbers always drive the estimate; with `path` the
     weights' config.json builds the model."""
@@ -34,8 +45,18 @@ class ModelConfig:
     """Attention heads; must divide hidden_size."""
     num_kv_heads: int = MISSING
     """Key/value heads (grouped-query attention; = num_heads: multi-head); divides num_heads."""
+    head_dim: int = 0
+    """Width of one attention head; 0: hidden_size / num_heads. Set it where heads x head_dim
+    is not hidden_size (Qwen3-32B: 64 x 128 over 5120; Gemma 3: 256-wide heads)."""
     intermediate_size: int = MISSING
-    """Width of the MLP's hidden layer."""
+    """Width of the MLP's hidden layer; in a mixture of experts, each expert's (Qwen3-MoE's
+    moe_intermediate_size, Mixtral's intermediate_size)."""
+    num_experts: int = 0
+    """Experts per MoE layer (every layer is one; HF num_experts / num_local_experts);
+    0: a dense model. Memory counts every expert's weights."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (HF num_experts_per_tok), 1..num_experts; 0 for a
+    dense model. Compute (6 x active parameters x tokens) counts only these."""
     vocab_size: int = MISSING
     """Embedding rows; a model built from config gets at least the tokenizer's length."""
     max_position_embeddings: int = MISSING
@@ -254,6 +275,15 @@ class TrainConfig:
     """Optimizer steps between log events (console line, metrics.jsonl, TensorBoard)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward: less memory, about a third more compute."""
+    liger_kernel: bool = False
+    """Liger's Triton kernels (pip install liger-kernel; the Trainer's use_liger_kernel):
+    fused RMSNorm, RoPE, SwiGLU and a fused linear + cross-entropy that never holds the
+    whole logits (the estimate counts one chunk of them). GPU presets only: Triton has no
+    CPU backend."""
+    compile: bool = False
+    """torch.compile the model (the Trainer's torch_compile, inductor): faster steps after
+    a first step that compiles (its seconds: the start-up line's `compile` phase); a new
+    sequence length compiles once more (dynamic shapes). docs/guide.md, "Speed switches"."""
     seed: int = 42
     """Seed of the initial weights, data order and the eval split."""
     weight_decay: float = 0.0

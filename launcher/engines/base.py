@@ -5,9 +5,11 @@ ranks and may import the engine's libraries.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from launcher.config.architecture import is_moe
 from launcher.config.schema import RunConfig, StrategyConfig
 from launcher.engines.peak_terms import LoraInputs, PeakInputs, Split
 from launcher.rundir import RunDir
@@ -88,6 +90,20 @@ class Engine:
         """The default process group's backend, which the ranks create themselves
         (launcher/rank/startup.py) before accelerate, which then uses it."""
         return "gloo" if on_cpu else "nccl"
+
+    def prepare_model(self, cfg: RunConfig, model: Any, resume: Path | None = None) -> None:
+        """The built model (adapters applied), before the Trainer wraps it and loads
+        `resume` (the checkpoint it resumes, if any): what this engine must do to it
+        (DeepSpeed ZeRO-3: mixtures of experts' leaf modules). Here: an engine that
+        shards nothing resumes the Trainer's own weights file, which drops an MoE model's
+        experts; they are read first (experts_resume.py)."""
+        if resume is None or self.shards or cfg.peft.name != "none" or not is_moe(cfg.model):
+            return
+        from launcher.engines.experts_resume import restore_experts
+
+        if restore_experts(model, resume) and int(os.environ.get("RANK", "0")) == 0:
+            print(f"[ftl] resume: the experts read from {resume} through from_pretrained "
+                  "(the Trainer's own load skips them: transformers issue 43701)", flush=True)
 
     def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         """Pre-configure accelerate where its own detection is wrong; returns the

@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from launcher.config.architecture import active_params, is_moe
 from launcher.config.hardware import gpu_preset
 from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
-from launcher.estimator.flops import run_flops_factor
+from launcher.estimator.flops import lora_coverage, run_flops_factor
 from launcher.estimator.memory import FIT_FRACTION, GIB, micro_sequences, rank_sequence
 
 
@@ -77,7 +78,7 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
     trainable = ("all trainable" if est.trainable_params == est.params
                  else f"{_count(est.trainable_params)} trainable adapter params")
     return [
-        f"{est.model}: {_count(est.params)} params ({trainable}), "
+        f"{est.model}: {_count(est.params)} params ({trainable}{_active_text(cfg)}), "
         f"precision {est.precision}, {c['nodes']} node(s) x "
         f"{c['gpus_per_node']} {c['gpu']} ({c['gpu_memory_gib']:g} GiB), {host}"
         + _model_parallel_text(cfg),
@@ -88,7 +89,16 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         f"{FIT_FRACTION:.0%} of device memory; micro batch " + _micro_batch_text(cfg)
         + (f" ({rank_sequence(cfg)} per rank)" if cfg.parallel.sp > 1 else "")
         + (", gradient checkpointing" if cfg.train.gradient_checkpointing else ""),
-    ]
+    ] + [line for line in (lora_coverage(cfg),) if line]
+
+
+def _active_text(cfg: RunConfig) -> str:
+    """An MoE model: the parameters compute counts, beside the total memory counts."""
+    m = cfg.model
+    if not is_moe(m):
+        return ""
+    return (f"; {_count(active_params(m))} active per token: {m.experts_per_token} of "
+            f"{m.num_experts} experts, compute counts those, memory all")
 
 
 def _size(n: float) -> str:

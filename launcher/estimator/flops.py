@@ -5,7 +5,10 @@ the worker's MFU callback share these figures without loading a model.
 
 - Parameters: launcher/config/architecture.py.
 - Compute: C = 6PD (Kaplan et al. 2020; flops_factor), attention's s^2 FLOPs left out
-  as in the 6PD rule. objective=dpo adds the frozen reference's forward, 2PD.
+  as in the 6PD rule. objective=dpo adds the frozen reference's forward, 2PD. P is the
+  ACTIVE parameter count (architecture.active_params): a mixture of experts runs each
+  token through model.experts_per_token of its experts, so compute (FLOPs, MFU's
+  numerator, time) counts those; memory counts every parameter (memory.py).
 - Tokens D: tokens of the sequences the model runs. Under objective=dpo a row (a pair) is
   two sequences, prompt + chosen and prompt + rejected (TRL's DataCollatorForPreference
   concatenates them into one batch of 2 x micro_batch_size), so a pair counts the prompt
@@ -17,7 +20,9 @@ the worker's MFU callback share these figures without loading a model.
 from __future__ import annotations
 
 from launcher.config.architecture import (
+    active_params,
     count_params,
+    is_moe,
     linear_shapes,
 )
 from launcher.config.hardware import GpuPreset, gpu_preset
@@ -25,20 +30,40 @@ from launcher.config.objectives import is_dpo, sequences_per_row
 from launcher.config.schema import RunConfig
 
 
+def all_linear(cfg: RunConfig) -> bool:
+    """peft.target_modules names all-linear (the worker passes peft the string)."""
+    return "all-linear" in cfg.peft.target_modules
+
+
 def lora_targets(cfg: RunConfig) -> list[str]:
-    """The decoder linears LoRA adapts: peft.target_modules ("all-linear": all seven)."""
+    """The decoder nn.Linear layers LoRA adapts: peft.target_modules ("all-linear": every
+    one, architecture.linear_shapes: seven in a dense layer; an MoE layer's four attention
+    projections, the only names validation admits there)."""
     wanted = cfg.peft.target_modules
-    return [t for t in linear_shapes(cfg.model) if "all-linear" in wanted or t in wanted]
+    return [t for t in linear_shapes(cfg.model) if all_linear(cfg) or t in wanted]
 
 
 def adapter_params(cfg: RunConfig) -> int:
     """LoRA adapter parameters: r*(in+out) per targeted linear per layer (measured: 1,048,576
-    on the 102M Llama with q/k/v/o, r 16: the model's parameters grew by exactly that)."""
+    on the 102M Llama with q/k/v/o, r 16: the model's parameters grew by exactly that; on
+    the tiny MoE, what peft adds: tests/unit/test_moe.py)."""
     if cfg.peft.name == "none":
         return 0
     shapes = linear_shapes(cfg.model)
     per_layer = sum(cfg.peft.r * sum(shapes[t]) for t in lora_targets(cfg))
     return cfg.model.num_layers * per_layer
+
+
+def lora_coverage(cfg: RunConfig) -> str:
+    """What LoRA adapts in an MoE model, in one line (the estimate prints it); "" without
+    LoRA or experts. transformers 5 holds a layer's experts as 3-D parameters and its
+    router as no nn.Linear: LoRA on nn.Linear reaches attention only
+    (validation/moe.py says why all-linear is refused)."""
+    m = cfg.model
+    if cfg.peft.name == "none" or not is_moe(m):
+        return ""
+    return (f"{cfg.peft.name} on {m.architecture}: adapters on {', '.join(lora_targets(cfg))}"
+            f" only; the {m.num_experts} experts of each layer and its router stay frozen")
 
 
 def trainable_params(cfg: RunConfig) -> int:
@@ -90,7 +115,7 @@ def training_flops(
 
 def run_flops(cfg: RunConfig, tokens: int) -> float:
     """C for `tokens` tokens of this run, recomputation included (what the clock pays for)."""
-    return float(run_flops_factor(cfg)) * count_params(cfg.model) * tokens
+    return float(run_flops_factor(cfg)) * active_params(cfg.model) * tokens
 
 
 def flops_per_token(cfg: RunConfig) -> float:
@@ -103,7 +128,7 @@ def flops_per_token(cfg: RunConfig) -> float:
     recomputes shows a lower MFU for the same tokens/s, as in the PaLM paper's definition.
     """
     reference = is_dpo(cfg) and not cfg.objective.precompute_ref_log_probs
-    return training_flops(count_params(cfg.model), 1, frozen_base=cfg.peft.name != "none",
+    return training_flops(active_params(cfg.model), 1, frozen_base=cfg.peft.name != "none",
                           reference=reference)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from launcher.config.architecture import (
     count_params,
+    head_dim,
+    is_moe,
     largest_layer_params,
     layer_linear_params,
     rank_params,
@@ -209,15 +211,45 @@ def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[fl
 
 def layer_activation_elements(model: ModelConfig, tp: int = 1, sp: int = 1) -> float:
     """Elements per token one decoder layer keeps for backward (measured fit, fp32 CPU,
-    docs/evidence/memory.md section 4): ~8h (norm outputs, q, rotary products, attention output
-    and o_proj's input) + k, v at the KV width + 4i (gate, up, silu(gate), the product).
-    Tensor parallelism splits all but the two norm outputs (derived). Sequence parallelism
-    (per token of the rank's slice) adds q, k, v and the attention output in Ulysses's
-    head-split layout, which sdpa keeps besides the slice's own (docs/evidence/memory.md)."""
-    h = model.hidden_size
-    kv = h // model.num_heads * model.num_kv_heads
-    ulysses = 2 * h + 2 * kv if sp > 1 else 0
-    return 2 * h + (6 * h + 2 * kv + 4 * model.intermediate_size) / tp + ulysses
+    docs/evidence/memory.md section 4): ~8h (the two norm outputs, 2h; q, rotary products,
+    attention output and o_proj's input, 6h at the query width heads x head_dim) + k, v at
+    the KV width + the MLP's (mlp_activation_elements). Tensor parallelism splits all but
+    the two norm outputs (derived). Sequence parallelism (per token of the rank's slice)
+    adds q, k, v and the attention output in Ulysses's head-split layout, which sdpa keeps
+    besides the slice's own (docs/evidence/memory.md). Measured on Llama (query width = h);
+    q_norm/k_norm's inputs (qwen3, gemma3_text) are left out."""
+    h, q, kv = model.hidden_size, query_width(model), kv_width(model)
+    ulysses = 2 * q + 2 * kv if sp > 1 else 0
+    return 2 * h + (6 * q + 2 * kv + mlp_activation_elements(model)) / tp + ulysses
+
+
+def query_width(model: ModelConfig) -> int:
+    return model.num_heads * head_dim(model)
+
+
+def kv_width(model: ModelConfig) -> int:
+    return model.num_kv_heads * head_dim(model)
+
+
+def mlp_activation_elements(model: ModelConfig, frozen: bool = False) -> float:
+    """Elements per token one layer's MLP keeps for backward. Dense: 4i (gate, up,
+    silu(gate), the product; measured); a frozen base (LoRA) 3i, its linears keep no input.
+
+    A mixture of experts (derived from transformers 5.24's experts forward, the default
+    grouped_mm one of integrations/moe.py and the eager loop alike; not measured): the
+    token goes through experts_per_token experts, and each keeps what a dense MLP keeps
+    plus the token's gathered copy (h, gate_up's input) and its output before the routing
+    weight scales it (h): k x (4i + 2h); the router its logits and softmax (2E; the logits
+    also for the load-balancing loss). Frozen: k x (3i + h) + E. No capacity limit: every
+    token reaches its k experts (none dropped), so the figure does not depend on how
+    evenly the router spreads them."""
+    i = model.intermediate_size
+    if not is_moe(model):
+        return (3 if frozen else 4) * i
+    k, e, h = model.experts_per_token, model.num_experts, model.hidden_size
+    if frozen:
+        return k * (3 * i + h) + e
+    return k * (4 * i + 2 * h) + 2 * e
 
 
 def micro_sequences(cfg: RunConfig) -> int:
@@ -245,7 +277,7 @@ def activation_bytes(cfg: RunConfig) -> float:
     per_layer = (h if cfg.train.gradient_checkpointing
                  else layer_activation_elements(model, cfg.parallel.tp, cfg.parallel.sp))
     layers = model.num_layers * per_layer + 3 * h
-    return param_bytes(cfg.precision.name) * s * b * layers + logits_bytes(cfg, s)
+    return param_bytes(cfg.precision.name) * s * b * layers + training_logits_bytes(cfg, s)
 
 
 def logits_bytes(cfg: RunConfig, s: int) -> float:
@@ -254,6 +286,26 @@ def logits_bytes(cfg: RunConfig, s: int) -> float:
     so there this term is an upper bound (not measured)."""
     p = param_bytes(cfg.precision.name)
     return s * micro_sequences(cfg) * cfg.model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
+
+
+def training_logits_bytes(cfg: RunConfig, s: int) -> float:
+    """The logits term of a training forward: logits_bytes, or with train.liger_kernel
+    (objective=sft) what Liger's fused linear + cross-entropy holds instead. Derived from
+    its source (liger-kernel 0.8, ops/fused_linear_cross_entropy.py), not measured (no
+    GPU here): it runs the T = s x b tokens through the LM head in chunks of
+    next_pow2(ceil(T / ceil(V / h))) rows, about T x h logits at a time in the compute
+    precision (its cross-entropy kernel writes their gradient over them: no fp32 copy),
+    and keeps the input's gradient (T x h) from the forward to the backward. Its other
+    buffer, the LM head's weight gradient, is the gradient the states count. DPO is left
+    as it is: TRL's DPOTrainer applies only Liger's layer kernels and chunks the logits
+    itself."""
+    if not cfg.train.liger_kernel or is_dpo(cfg):
+        return logits_bytes(cfg, s)
+    p, h, vocab = param_bytes(cfg.precision.name), cfg.model.hidden_size, cfg.model.vocab_size
+    tokens = s * micro_sequences(cfg)
+    chunks = -(-vocab // h)
+    rows = min(tokens, 1 << max(-(-tokens // chunks) - 1, 0).bit_length())
+    return p * (rows * vocab + tokens * h)
 
 
 LORA_INPUT = {"q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in",
@@ -277,17 +329,19 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
     embedding: its attention norm keeps nothing and the q/k/v dropouts no mask. Outside the
     layers the final norm's input (h) and the logits. Without dropout (peft's Identity)
     lora_A keeps its input, once per distinct input. Gradient checkpointing: each layer
-    keeps its input, as in activation_bytes (derived). Only one shape was measured."""
+    keeps its input, as in activation_bytes (derived). Only one shape was measured. An MoE
+    layer's frozen experts: mlp_activation_elements(frozen)."""
     if cfg.train.gradient_checkpointing:
         return activation_bytes(cfg)
     model = cfg.model
     s, b, h, r = cfg.dataset.max_length, micro_sequences(cfg), model.hidden_size, cfg.peft.r
     e = param_bytes(cfg.precision.name)
     mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
-    kv = h // model.num_heads * model.num_kv_heads
-    widths = {"attn_in": h, "attn_out": h, "mlp_in": h, "mlp_mid": model.intermediate_size}
+    q, kv = query_width(model), kv_width(model)
+    widths = {"attn_in": h, "attn_out": q, "mlp_in": h, "mlp_mid": model.intermediate_size}
     targets = lora_targets(cfg)
-    layer = e * (4 * h + 2 * kv + 3 * model.intermediate_size + r * len(targets))
+    frozen_mlp = mlp_activation_elements(model, frozen=True)
+    layer = e * (2 * h + 2 * q + 2 * kv + frozen_mlp + r * len(targets))
     if cfg.peft.dropout > 0:
         layer += sum((e + mask) * widths[LORA_INPUT[t]] for t in targets)
         first = layer - e * h - sum(mask * h for t in targets if LORA_INPUT[t] == "attn_in")
@@ -295,7 +349,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
         layer += sum(e * widths[i] for i in {LORA_INPUT[t] for t in targets})
         first = layer - e * h
     layers = (model.num_layers - 1) * layer + first + e * h
-    return s * b * layers + logits_bytes(cfg, s)
+    return s * b * layers + training_logits_bytes(cfg, s)
 
 
 def recompute_bytes(cfg: RunConfig) -> float:

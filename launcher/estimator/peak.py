@@ -10,7 +10,9 @@ from dataclasses import dataclass, replace
 
 from launcher.config.architecture import (
     count_params,
+    largest_tensor_params,
     layer_linear_params,
+    layer_params,
     linear_shapes,
     rank_params,
 )
@@ -105,13 +107,14 @@ def peak_inputs(cfg: RunConfig, strategy: StrategyConfig) -> PeakInputs:
     """The settings the moments read, from cfg (under `strategy`, which need not be
     cfg.strategy: the estimate asks for every row on the same run)."""
     model, tp = cfg.model, cfg.parallel.tp
-    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    h = model.hidden_size
     bucket = bucket_elements(replace(cfg, strategy=strategy))
     return PeakInputs(  # under tensor parallelism: one rank's share, over the dp ranks
         psi=rank_params(model, tp), n=cfg.shard_size, p=param_bytes(cfg.precision.name),
         grad_accum=cfg.train.grad_accum,
-        layer_psi=layer_linear_params(model) // tp + 2 * h,
-        largest_tensor=max(v * h, h * i // tp, h * h // tp),
+        # one decoder layer (an MoE layer with all its experts), its linears split tp ways
+        layer_psi=layer_params(model) - layer_linear_params(model) * (tp - 1) // tp,
+        largest_tensor=largest_tensor_params(model, tp),
         acts=activation_bytes(cfg), recompute=recompute_bytes(cfg),
         autocast_acts=0.0 if cfg.precision.name == "fp32" else (  # 12h bytes/token and layer
             12.0 * h * (rank_sequence(cfg) * micro_sequences(cfg)) * model.num_layers),

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from launcher.config.architecture import head_dim, is_moe
 from launcher.config.hardware import gpu_preset
-from launcher.config.schema import RunConfig
+from launcher.config.schema import ModelConfig, RunConfig
 from launcher.engines.base import Engine
 
 
@@ -29,11 +30,15 @@ def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = Fa
         return load_quantized(cfg)
     if engine.fills_from_rank_0 and not whole and int(os.environ.get("RANK", "0")) != 0:
         return unfilled_model(cfg, tokenizer)
+    attention = cfg.model.attn_implementation  # validation/speed.py checked what it needs
     if cfg.model.path:
-        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg))
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg),
+                                                    attn_implementation=attention,
+                                                    **router_logits_kwargs(cfg.model))
     with torch.device(build_device(cfg, engine)):
         return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
-                                                dtype=model_dtype(cfg))
+                                                dtype=model_dtype(cfg),
+                                                attn_implementation=attention)
 
 
 def unfilled_model(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -48,7 +53,8 @@ def unfilled_model(cfg: RunConfig, tokenizer: Any) -> Any:
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
-                                                 dtype=model_dtype(cfg))
+                                                 dtype=model_dtype(cfg),
+                                                 attn_implementation=cfg.model.attn_implementation)
     model.tie_weights()  # init_empty_weights re-registers each parameter: ties come apart
     allocated: dict[int, torch.nn.Parameter] = {}  # a tied weight stays one parameter
     for module in model.modules():
@@ -66,9 +72,8 @@ def model_config(cfg: RunConfig, tokenizer: Any) -> Any:
 
     m = cfg.model
     if m.path:
-        return AutoConfig.from_pretrained(m.path)
-    return AutoConfig.for_model(
-        m.architecture,
+        return AutoConfig.from_pretrained(m.path, **router_logits_kwargs(m))
+    numbers: dict[str, Any] = dict(
         hidden_size=m.hidden_size,
         num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_heads,
@@ -81,7 +86,32 @@ def model_config(cfg: RunConfig, tokenizer: Any) -> Any:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        head_dim=head_dim(m),
     )
+    return AutoConfig.for_model(m.architecture, **{**numbers, **expert_kwargs(m)})
+
+
+MOE_CONFIG_KEYS = {"qwen3_moe": ("num_experts", "moe_intermediate_size"),
+                   "mixtral": ("num_local_experts", "intermediate_size")}
+"""What each HF MoE config class calls the expert count and one expert's width."""
+
+
+def expert_kwargs(m: ModelConfig) -> dict[str, Any]:
+    """The experts of an MoE model in its HF config's names, and router_logits_kwargs;
+    nothing for a dense model."""
+    if not is_moe(m):
+        return {}
+    count, width = MOE_CONFIG_KEYS[m.architecture]
+    return {count: m.num_experts, width: m.intermediate_size,
+            "num_experts_per_tok": m.experts_per_token, **router_logits_kwargs(m)}
+
+
+def router_logits_kwargs(m: ModelConfig) -> dict[str, Any]:
+    """An MoE model returns its router logits, so its forward adds the load-balancing loss
+    (router_aux_loss_coef x aux_loss, transformers' default coefficient) to the loss: the
+    experts stay in use, as axolotl and LLaMA-Factory train MoE models. A config key, so
+    it also reaches model/config.json; for a checkpoint (model.path) it overrides its own."""
+    return {"output_router_logits": True} if is_moe(m) else {}
 
 
 def build_device(cfg: RunConfig, engine: Engine) -> str:
@@ -117,8 +147,17 @@ def load_quantized(cfg: RunConfig) -> Any:
     )
     device = "cpu" if gpu_preset(cfg.cluster.gpu).is_cpu else int(os.environ.get("LOCAL_RANK", 0))
     return AutoModelForCausalLM.from_pretrained(
-        cfg.model.path, quantization_config=quant, device_map={"": device}
+        cfg.model.path, quantization_config=quant, device_map={"": device},
+        attn_implementation=cfg.model.attn_implementation,
     )
+
+
+def peft_targets(cfg: RunConfig) -> str | list[str]:
+    """peft.target_modules as peft takes them: all-linear only as the string (peft 0.21
+    reads a list's "all-linear" as a module name and finds none); on an MoE model peft
+    then maps it onto the experts and the router too (estimator/flops.py says what)."""
+    targets = list(cfg.peft.target_modules)
+    return "all-linear" if "all-linear" in targets else targets
 
 
 def apply_peft(model: Any, cfg: RunConfig) -> Any:
@@ -134,7 +173,7 @@ def apply_peft(model: Any, cfg: RunConfig) -> Any:
         r=cfg.peft.r,
         lora_alpha=cfg.peft.alpha,
         lora_dropout=cfg.peft.dropout,
-        target_modules=list(cfg.peft.target_modules),
+        target_modules=peft_targets(cfg),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)

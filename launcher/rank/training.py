@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from launcher.config.architecture import is_moe
+from launcher.config.objectives import is_dpo
 from launcher.config.report_to import requested
 from launcher.config.schema import RunConfig
 from launcher.engines.base import Engine
@@ -63,6 +65,8 @@ def training_arguments(
         seed=t.seed,
         data_seed=t.seed,
         activation_checkpointing=t.gradient_checkpointing,
+        use_liger_kernel=t.liger_kernel,  # validation/speed.py: GPU presets, installed
+        torch_compile=t.compile,  # inductor; the compile's seconds: callbacks/metrics.py
         bf16=cfg.precision.name == "bf16",
         fp16=cfg.precision.name == "fp16",
         # Only rank 0 logs (the integrations log nowhere else): the others skip importing
@@ -121,6 +125,10 @@ def make_trainer(
     TokenCounter.install(trainer)  # tokens seen without a collective per micro-batch
     # First in line: the fields it adds to each log reach TensorBoard and metrics.jsonl.
     trainer.callback_handler.callbacks.insert(0, metrics)
+    if is_moe(cfg.model) and not is_dpo(cfg):  # TRL's DPOTrainer logs aux_loss itself
+        from launcher.rank.callbacks.router_loss import RouterAuxLoss
+
+        RouterAuxLoss.install(trainer)  # ahead of metrics: its field reaches the records
     return trainer
 
 

@@ -91,7 +91,11 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     # inside deepspeed.zero.Init, so every rank holds only its partition from the start.
     memtrace.PHASES.phase("model")
     model = apply_peft(build_model(cfg, engine, tokenizer), cfg)
+    # before the Trainer wraps it and loads the checkpoint (ZeRO-3's leaf modules, experts)
+    engine.prepare_model(cfg, model, load_from)
     reference = reference_model(cfg, engine, tokenizer, args)  # DPO's, when one is held
+    if reference is not None:
+        engine.prepare_model(cfg, reference)  # the initial weights: nothing to resume
     timing.mark("model_built")
     memtrace.PHASES.phase("engine")  # the Trainer, the engine, up to the first step
     resume_text = str(resume) if resume else None

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
 
+from launcher.config.architecture import head_dim
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.objectives import OBJECTIVES
 from launcher.config.report_to import name_problems as tracker_names
@@ -21,12 +22,15 @@ from launcher.engines.parallel_rules import model_parallel_problems, parallel_en
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 from launcher.validation.evaluation import eval_rules
+from launcher.validation.moe import architecture_problems
 from launcher.validation.objective import objective_problems
+from launcher.validation.speed import ATTENTION, speed_problems
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": PRECISIONS,
     "cluster.launcher": ("torchrun", "deepspeed"),
     "cluster.gpu": tuple(GPU_PRESETS),
+    "model.attn_implementation": ATTENTION,
     "peft.name": ("none", "lora", "qlora"),
     "objective.name": OBJECTIVES,
     "dataset.format": FORMATS,
@@ -50,8 +54,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
     data's."""
     rules: list[Callable[[RunConfig], list[str]]] = [
         _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
-        _plain_names, model_parallel_problems, _watchdog, tracker_names, objective_problems,
-        eval_rules, data_problems,
+        _plain_names, model_parallel_problems, architecture_problems, _watchdog,
+        tracker_names, objective_problems, eval_rules, speed_problems, data_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 
@@ -64,7 +68,7 @@ def data_problems(cfg: RunConfig) -> list[str]:
     scheduler, precision on the GPU, global_batch_size, the model's shape and
     dataset.max_length against its positions (the cache is keyed by the tokenizer, not the
     model), evaluation, callbacks, the multi-node hostfile, model parallelism, the
-    watchdog, trackers and run.name."""
+    watchdog, trackers, the speed switches and run.name."""
     data, model = cfg.dataset, cfg.model
     positive = [f"{key}={attrgetter(key)(cfg)}: {why}"
                 for key, wrong, why in _positive_checks(cfg, DATA_POSITIVE) if wrong]
@@ -200,9 +204,10 @@ def _batch(cfg: RunConfig) -> list[str]:
 def _model(cfg: RunConfig) -> list[str]:
     model = cfg.model
     return flagged([
-        (model.num_heads <= 0 or model.hidden_size % model.num_heads,
+        (model.num_heads <= 0 or (not model.head_dim and model.hidden_size % model.num_heads),
          f"model.num_heads={model.num_heads}: must divide model.hidden_size="
-         f"{model.hidden_size}. Fix: correct the model's architecture numbers."),
+         f"{model.hidden_size} (model.head_dim=0: each head is hidden_size / num_heads "
+         "wide). Fix: correct the model's architecture numbers, or set model.head_dim."),
         (model.num_kv_heads <= 0 or model.num_heads % max(model.num_kv_heads, 1),
          f"model.num_kv_heads={model.num_kv_heads}: must divide model.num_heads="
          f"{model.num_heads}. Fix: correct the model's architecture numbers."),
@@ -244,7 +249,7 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
     if cfg.peft.name != "qlora" or preset is None or not preset.is_cpu:
         return []
     model = cfg.model
-    kv_width = model.hidden_size // max(model.num_heads, 1) * model.num_kv_heads
+    kv_width = head_dim(model) * model.num_kv_heads
     sizes = {"model.hidden_size": model.hidden_size,
              "model.intermediate_size": model.intermediate_size,
              "model.num_kv_heads x head size": kv_width}

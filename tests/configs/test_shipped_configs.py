@@ -49,7 +49,9 @@ ZERO_STAGE = {"zero1": 1, "zero2": 2, "zero2_offload": 2, "zero3": 3, "zero3_off
 OFFLOADS_OPTIMIZER = {"zero2_offload", "zero3_offload", "fsdp_offload"}
 OFFLOADS_PARAMS = {"zero3_offload", "fsdp_offload"}
 DECODER_LAYER = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
-                 "qwen2": "Qwen2DecoderLayer"}  # the HF class names FSDP wraps
+                 "qwen2": "Qwen2DecoderLayer", "qwen3": "Qwen3DecoderLayer",
+                 "qwen3_moe": "Qwen3MoeDecoderLayer", "mixtral": "MixtralDecoderLayer",
+                 "gemma3_text": "Gemma3DecoderLayer"}  # the HF class names FSDP wraps
 A100_PEAK = {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12}  # dense, NVIDIA's datasheet
 
 
@@ -72,7 +74,8 @@ def test_groups_have_the_documented_options() -> None:
                                "zero3_offload", "fsdp", "fsdp_offload"}
     assert set(PRECISIONS) == {"fp32", "fp16", "bf16"}
     assert {"tiny-llama", "llama-7b", "llama-13b", "llama-70b", "mistral-7b",
-            "qwen2.5-7b"} <= set(MODELS)
+            "qwen2.5-7b", "llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "qwen3-32b",
+            "qwen3-30b-a3b", "gemma-3-12b", "mixtral-8x7b", "tiny-moe"} <= set(MODELS)
     assert set(options("cluster")) == {"local", "slurm"}
     assert set(options("peft")) == {"none", "lora", "qlora"}
 

@@ -44,6 +44,9 @@ FAST_TRAIN = [
     "cluster.gpus_per_node=2",
     "train.show_examples=0",  # `ftl train` runs answer no held-out prompts unless a test asks
 ]
+MOE = ("model=tiny-moe",)
+"""The tiny mixture of experts (configs/model/tiny-moe.yaml) in place of the tiny Llama:
+the runs test_train_strategies.MOE_RUNS names and test_chaos.py's."""
 RUN_TIMEOUT_S = 600
 RUN_TIMES: dict[str, float] = {}
 """name -> wall seconds of each run, printed at the end of the session."""
@@ -120,6 +123,14 @@ def assert_resumed_like(chain: tuple[Run, Run], reference: Run, stop: int) -> No
 def jsonl(path: Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines run-dir file (metrics.jsonl, launches.jsonl)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_router_loss_logged(run_dir: Path, experts: int = 4, per_token: int = 2) -> None:
+    """An MoE run logged the router's load-balancing loss with every training loss: between
+    experts_per_token (perfectly balanced) and num_experts (all tokens on one expert)."""
+    records = [r for r in jsonl(RunDir(run_dir).metrics) if "loss" in r]
+    assert records and all("aux_loss" in r for r in records), records
+    assert all(per_token * 0.99 <= r["aux_loss"] <= experts for r in records), records
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:

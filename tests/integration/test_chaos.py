@@ -8,7 +8,8 @@ kills at random moments among them) of an 800-step run. Every launch must start 
 newest complete checkpoint, so each later than the one before (no kill lands before its
 launch's first checkpoint, however loaded the machine), and the final model's logits must
 equal an uninterrupted run's (atol 1e-5; fp32 ddp on CPU resumes bitwise, so the measured
-difference is 0).
+difference is 0). `make test`'s run is the tiny mixture of experts (ddp's MoE run: the
+router's loss joins each step's and is logged beside it); `make test-full`'s the tiny Llama.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs import MOE, assert_router_loss_logged
 
 from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(("rounds", "max_steps"), [
-    (2, 100), pytest.param(20, 800, marks=pytest.mark.full)])
+@pytest.mark.parametrize(("rounds", "max_steps", "model"), [
+    (2, 100, MOE), pytest.param(20, 800, (), marks=pytest.mark.full)])
 def test_kill_9s_then_the_run_finishes_with_the_uninterrupted_runs_model(
-    tmp_path: Path, rounds: int, max_steps: int,
+    tmp_path: Path, rounds: int, max_steps: int, model: tuple[str, ...],
 ) -> None:
     done = subprocess.run(
         ["bash", str(PROJECT_ROOT / "scripts" / "chaos.sh"), str(rounds), "--work",
-         str(tmp_path), "--atol", "1e-5", f"train.max_steps={max_steps}"],
+         str(tmp_path), "--atol", "1e-5", f"train.max_steps={max_steps}", *model],
         capture_output=True, text=True, timeout=3000,
         env={**os.environ, "PYTHON": sys.executable},  # this suite's interpreter
     )
@@ -52,3 +54,7 @@ def test_kill_9s_then_the_run_finishes_with_the_uninterrupted_runs_model(
     assert starts[0] == 0 and starts == sorted(set(starts)), launches  # each one later
     assert report["final_step"] == max_steps
     assert report["max_abs_logit_diff"] <= 1e-5
+    if model:  # the reference and the launch that finished (a killed one may end mid-line)
+        for name in ("chaos-reference", "chaos"):
+            (work,) = tmp_path.iterdir()
+            assert_router_loss_logged(sorted((work / name).iterdir())[-1])

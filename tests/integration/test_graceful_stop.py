@@ -4,14 +4,15 @@ exits 75 (stopped, resumable, no final model or result); a half-written checkpoi
 looks newer is planted; the same command again skips it, resumes at the next step without
 evaluating "at the start" again, and the two launches' losses joined equal the
 uninterrupted run's, one loss per step. In `make test`: SIGTERM under ZeRO-2 (DeepSpeed's
-engine and launcher), ZeRO-3 and FSDP2 with sharded checkpoints (torch.distributed.checkpoint):
-the collective saves of the strategies Slurm users preempt most; and Ctrl-C of an
+engine and launcher) and FSDP2 with sharded checkpoints (torch.distributed.checkpoint), this
+one on the tiny mixture of experts (its router's loss joined in each step's loss): the
+collective saves of the strategies Slurm users preempt most; and Ctrl-C of an
 objective=dpo run under ddp (torchrun) with activation checkpointing (which must change no
 number; DPO's reference is rebuilt on resume); `make test-full` adds SIGTERM under ddp and
-that Ctrl-C case on SFT (FULL_CASES). The ddp Ctrl-C case also logs to every tracker
-(wandb offline, MLflow's file store in tmp): one tracker run across the stop and the
-resume, MLflow's params and each step's loss once, and no credential from the environment
-in any file.
+ZeRO-3 (on the MoE) and that Ctrl-C case on SFT (FULL_CASES). The ddp Ctrl-C case also
+logs to every tracker (wandb offline, MLflow's file store in tmp): one tracker run across
+the stop and the resume, MLflow's params and each step's loss once, and no credential
+from the environment in any file.
 A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
 checkpoint, through the launcher's parent-death SIGTERM that torchrun forwards.
 
@@ -43,6 +44,7 @@ from runs import (
     FAST_TRAIN,
     RUN_TIMES,
     Run,
+    assert_router_loss_logged,
     describe_failure,
     free_port,
     jsonl,
@@ -50,7 +52,7 @@ from runs import (
     project_env,
     train_losses,
 )
-from test_train_strategies import NO_GATHER, run_name, strategy_overrides
+from test_train_strategies import NO_GATHER, model_overrides, run_name, strategy_overrides
 
 from launcher.config.compose import PROJECT_ROOT
 from launcher.rundir import ABORTED_EXIT, COMPLETE_MARKER, STOPPED_EXIT
@@ -171,7 +173,9 @@ FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()),
               ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)]
 """`make test-full` only, since `make test` proves what it does: `ftl train` and the ranks
 handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), and ddp's
-save is the one the Ctrl-C case makes."""
+save is the one the Ctrl-C case makes. ZeRO-3's stop is DeepSpeed's, as zero2's case here;
+its exact resume is test_sequence_parallel.py's (zero3 with parallel.sp=2) and, on the MoE,
+test_world_size_change.py's zero3 chain."""
 
 
 @dataclass(frozen=True)
@@ -193,8 +197,10 @@ _STOPS: dict[tuple[Path, str], SignalStop] = {}
 
 
 def case_overrides(strategy: str, launcher: str, extra: tuple[str, ...]) -> list[str]:
-    """A case's own `ftl train` overrides: the resume's command (the stop adds SLOW)."""
-    return [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32", *extra]
+    """A case's own `ftl train` overrides: the resume's command (the stop adds SLOW); the
+    model of its reference (test_train_strategies.MOE_RUNS: zero3's and fsdp's the MoE)."""
+    return [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
+            *model_overrides(strategy, launcher, "fp32", extra), *extra]
 
 
 def signal_stop(runs_root: Path, strategy: str, launcher: str, signum: signal.Signals,
@@ -295,6 +301,9 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     expected = reference.train_losses()
     for step, loss in joined.items():
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, joined, expected)
+    if model_overrides(strategy, launcher, "fp32", extra):  # the MoE: its router's loss too
+        assert_router_loss_logged(first_dir)
+        assert_router_loss_logged(second_dir)
     if CHECKPOINTED[0] in extra:
         # Recomputing activations in backward gives the same gradients, so the same losses
         # as the reference, which ran without it (its probe says so).

@@ -5,9 +5,11 @@ are one process's on the same global batch, a stop and the same command resume e
 a whole HF model whose logits are the trained model's.
 
 One chain of two launches serves every assertion: the first stops right after the
-checkpoint of step 4, the second resumes it to step 8. The reference is the suite's zero3
-run on 2 data-parallel ranks (test_train_strategies.py, global batch 8 = 4 x 1 x 2), whose
-losses test_world_size_change.py shows equal to one process's (1 x 4 x 2): the same
+checkpoint of step 4, the second resumes it to step 8. The reference is the suite's
+tiny-Llama ZeRO-3 run on 2 data-parallel ranks, zero3_offload's (test_train_strategies.py,
+global batch 8 = 4 x 1 x 2; its plain zero3 run trains the tiny MoE, which Ulysses does
+not take, validation/moe.py): offloading on a CPU moves nothing and changes no number, and
+ZeRO-3's losses equal one process's (1 x 4 x 2, test_world_size_change.py): the same
 weights at the start (zero.Init's, which differ from a plain build's) and the same batches.
 Here the global batch is one micro batch of 8 (grad_accum 1): under Ulysses the Trainer
 weights accumulated micro batches equally, not by their tokens (docs/evidence/stack.md), so
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 from runs import Run, assert_resumed_like, stop_then_resume
 from test_train_strategies import (
+    NO_GATHER,
     assert_saved_model_reproduces_logits,
     run_name,
     strategy_overrides,
@@ -46,8 +49,8 @@ def sp_chain(runs_root: Path) -> tuple[Run, Run]:
 def test_sp2_trains_like_zero3_alone_and_resumes_exactly(
     trained: Callable[..., Run], sp_chain: tuple[Run, Run],
 ) -> None:
-    reference = trained(run_name("zero3", "torchrun", "fp32"),
-                        strategy_overrides("zero3", "torchrun", "fp32"))
+    reference = trained(run_name("zero3_offload", "torchrun", "fp32", NO_GATHER),
+                        strategy_overrides("zero3_offload", "torchrun", "fp32", NO_GATHER))
     assert_resumed_like(sp_chain, reference, STOP)
 
 

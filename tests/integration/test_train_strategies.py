@@ -1,4 +1,5 @@
-"""Every strategy, really trained: 2 CPU ranks over gloo, the tiny Llama, 8 optimizer steps.
+"""Every strategy, really trained: 2 CPU ranks over gloo, the tiny Llama (the tiny MoE for
+zero3 and fsdp: MOE_RUNS), 8 optimizer steps.
 
 Each run must show, from what injected probes measured on the ranks (tests/integration/
 probes.py) and what the run dir holds:
@@ -9,7 +10,8 @@ probes.py) and what the run dir holds:
 - the precision really used (a bf16 run computes its linear layers in bf16),
 - train and eval loss going down, every step logged once, complete checkpoints,
 - a saved model/ that from_pretrained loads and whose logits on a fixed batch equal the
-  trained model's (recorded by a probe before saving).
+  trained model's (recorded by a probe before saving),
+- on the MoE runs, the router's aux_loss logged with every training loss.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from runs import EVIDENCE, Run, callbacks, describe_failure
+from runs import EVIDENCE, MOE, Run, assert_router_loss_logged, callbacks, describe_failure
 
 from launcher.config.compose import PROJECT_ROOT
 from launcher.rundir.checkpoints import is_complete, list_checkpoints
@@ -104,6 +106,21 @@ CASES = [
 ]
 
 
+MOE_RUNS = {("zero3", "torchrun", "fp32"), ("fsdp", "torchrun", "fp32")}
+"""The runs that train the tiny mixture of experts (configs/model/tiny-moe.yaml) instead
+of the tiny Llama, and so every test that resumes them or starts from their checkpoints:
+test_graceful_stop.py's zero3 and fsdp stops, test_world_size_change.py's zero3 and fsdp
+chains (ddp's MoE run is test_chaos.py's). Only the plain SFT runs, whatever their save
+path: DPO and LoRA runs of the same strategy keep the Llama."""
+
+
+def model_overrides(strategy: str, launcher: str, precision: str,
+                    extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """MOE for a run MOE_RUNS names, else nothing (the default tiny Llama)."""
+    plain = set(extra) <= set(NO_GATHER)
+    return MOE if plain and (strategy, launcher, precision) in MOE_RUNS else ()
+
+
 def strategy_overrides(
     strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = ()
 ) -> list[str]:
@@ -112,6 +129,7 @@ def strategy_overrides(
         f"cluster.launcher={launcher}",
         f"precision={precision}",
         callbacks(*EVIDENCE),
+        *model_overrides(strategy, launcher, precision, extra),
         *extra,
     ]
 
@@ -133,13 +151,16 @@ def test_strategy_trains_sharded_and_saves_a_loadable_model(
 
     assert result["world_size"] == WORLD and result["global_step"] == MAX_STEPS
     assert_data_sharded(run)
-    assert_wrapper(run, strategy)
+    moe = bool(model_overrides(strategy, launcher, precision, extra))
+    assert_wrapper(run, strategy, moe)
     if precision == "fp32" and strategy in PARTITION_CHECKS:
         PARTITION_CHECKS[strategy]([run.probe("partition", r) for r in range(WORLD)])
     assert_precision(run, precision)
     assert_loss_decreased(result)
     assert_checkpoints_complete(run, sharded_fsdp=strategy.startswith("fsdp") and bool(extra))
     assert_metrics_logged(run)
+    if moe:
+        assert_router_loss_logged(run.run_dir)
     assert_saved_model_reproduces_logits(run, precision)
     if launcher == "deepspeed":
         # DeepSpeed's CPU all-reduce makes a ~66 MB /dev/shm segment per rank and never
@@ -159,10 +180,14 @@ def assert_data_sharded(run: Run) -> None:
     assert [p["batches_per_epoch"] for p in probes] == [expected_batches] * WORLD
 
 
-def assert_wrapper(run: Run, strategy: str) -> None:
+def assert_wrapper(run: Run, strategy: str, moe: bool = False) -> None:
+    expected = EXPECTED_WRAPPER[strategy]
+    if moe:  # the tiny MoE's HF class in place of Llama's
+        expected = {k: v.replace("Llama", "Qwen3Moe") if k == "model_class" else v
+                    for k, v in expected.items()}
     for rank in range(WORLD):
         wrapper = run.probe("wrapper", rank)
-        for key, value in EXPECTED_WRAPPER[strategy].items():
+        for key, value in expected.items():
             assert wrapper.get(key) == value, f"rank {rank} {key}: {wrapper}"
 
 

@@ -9,6 +9,8 @@ their 2 -> 1 -> 2 chains. FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with ful
 (stopped after step 3). The sharded chain's 2-rank link is test_graceful_stop.py's SIGTERM
 stop under FSDP (sharded checkpoints, 2 ranks, stopped at a random step 2-5): its
 checkpoint continues on 1 rank through run.resume=PATH, as after the reference.
+The zero3 and fsdp chains train the tiny mixture of experts (test_train_strategies.MOE_RUNS;
+its experts are 3-D parameters that each world size partitions afresh).
 The step count, optimizer state and LR schedule carry over, and the data continues where
 it stopped: every step's loss equals the uninterrupted 2-rank run's (the same samples in
 each optimizer step; only the summation order differs, hence rel 1e-4), so the loss
@@ -28,9 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from runs import RUN_TIMES, Run, callbacks, describe_failure, launch, plan_run
+from runs import (
+    RUN_TIMES,
+    Run,
+    assert_router_loss_logged,
+    callbacks,
+    describe_failure,
+    launch,
+    plan_run,
+)
 from test_graceful_stop import FSDP_SHARDED_CASE, check_stopped_at_a_boundary, signal_stop
-from test_train_strategies import NO_GATHER, run_name, strategy_overrides
+from test_train_strategies import NO_GATHER, model_overrides, run_name, strategy_overrides
 
 from launcher.rundir import DS_CONFIG, UNIVERSAL_DS_CONFIG
 
@@ -115,8 +125,9 @@ def test_resume_on_another_world_size_continues_the_same_losses(
     expected = reference.train_losses()
 
     name = f"worldsize-{case_id(strategy, launcher, extra, chain)}"
+    model = model_overrides(strategy, launcher, "fp32", extra)  # zero3, fsdp: the tiny MoE
     mine = [f"strategy={strategy}", f"cluster.launcher={launcher}", "precision=fp32",
-            "train.save_steps=3", *extra]
+            "train.save_steps=3", *model, *extra]
     first_dir = reference.run_dir
     if chain[0] is SIGNALLED:
         assert (strategy, launcher, extra) == FSDP_SHARDED_CASE[:2] + FSDP_SHARDED_CASE[3:]
@@ -155,6 +166,8 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         for step, loss in losses.items():
             assert loss == pytest.approx(expected[step], rel=1e-4), (index, step, losses,
                                                                      expected)
+        if model:
+            assert_router_loss_logged(run.run_dir)
         checkpoint = run.run_dir / "checkpoints" / f"checkpoint-{end}"
     launches = len(chain) - given(chain[0])
     RUN_TIMES[f"{name} ({launches} launches)"] = seconds

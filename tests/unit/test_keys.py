@@ -56,6 +56,11 @@ def test_json_lists_every_key_with_its_doc_defaults_and_choices(
     assert hidden["required"] and hidden["default"] is None and hidden["default_config"] == 64
     assert listed["cluster.slurm.signal_grace_s"]["default"] == 120
     assert listed["peft.target_modules"]["type"] == "list[str]"
+    # the speed switches: docs/guide.md, "Speed switches"
+    attention = listed["model.attn_implementation"]
+    assert attention["default"] == "sdpa" and "flash_attention_2" in attention["choices"]
+    assert listed["train.liger_kernel"]["default"] is False
+    assert listed["train.compile"]["default"] is False
 
 
 def test_one_key_shows_type_defaults_and_doc(capsys: pytest.CaptureFixture[str]) -> None:

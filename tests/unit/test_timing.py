@@ -53,6 +53,21 @@ def test_startup_and_finish_lines() -> None:
     assert timing.finish_line(finish).startswith("[ftl] finish (s): last eval+checkpoint 0.50")
 
 
+def test_compile_seconds_move_into_one_phase_and_the_total_stays() -> None:
+    """train.compile: what torch.compile spent in the first eval (its no-grad graph) and in
+    the first step (forward and backward) becomes the `compile` phase before the first
+    step; the phases still add up to the time to the end of the first step."""
+    spans = {"engine init": 1.0, "first eval": 4.0, "first step": 20.0}
+    compiled = {"train_begin": 0.0, "first_eval": 3.5, "first_step": 21.0}  # cumulative
+    got = timing.move_compile(spans, compiled)
+    assert list(got) == ["engine init", "first eval", "compile", "first step"]
+    assert got == {"engine init": 1.0, "first eval": 0.5, "compile": 21.0, "first step": 2.5}
+    # never more than a phase's own wall time (clocks of two counters)
+    assert timing.move_compile({"first step": 2.0}, {"first_step": 3.0}) == \
+        {"compile": 2.0, "first step": 0.0}
+    assert timing.move_compile(spans, {}) == spans  # compile off: nothing noted
+
+
 def test_marks_keep_the_first_time_of_a_name() -> None:
     marks = timing.Marks()
     marks.mark("a", 1.0)

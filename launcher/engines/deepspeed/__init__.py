@@ -104,6 +104,18 @@ class DeepSpeedEngine(Engine):
         with contextlib.suppress(OSError):
             (Path("/dev/shm") / name).unlink()
 
+    def prepare_model(self, cfg: RunConfig, model: Any, resume: Path | None = None) -> None:
+        """ZeRO-3: blocks that hold a list of experts become leaf modules (leaf_modules.py).
+        A resume loads DeepSpeed's own module states, keyed as the module is."""
+        if cfg.strategy.zero_stage != 3:
+            return
+        from launcher.engines.deepspeed.leaf_modules import mark_expert_blocks
+
+        marked = mark_expert_blocks(model)
+        if marked and int(os.environ.get("RANK", "0")) == 0:
+            print(f"[ftl] ZeRO-3 leaf modules (all experts gathered at once): "
+                  f"{', '.join(marked)}", flush=True)
+
     def setup_distributed(self, cfg: RunConfig, on_cpu: bool) -> dict[str, Any]:
         if not on_cpu:
             return {}
@@ -137,7 +149,8 @@ class DeepSpeedEngine(Engine):
         if cfg.parallel.sp > 1:
             from launcher.engines.deepspeed.ulysses import parallelism_config
 
-            kwargs["parallelism_config"] = parallelism_config(cfg.parallel.sp)
+            kwargs["parallelism_config"] = parallelism_config(cfg.parallel.sp,
+                                                             cfg.model.attn_implementation)
         return kwargs
 
     def training_arguments(self, kwargs: dict[str, Any], cfg: RunConfig, on_cpu: bool,

@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def parallelism_config(sp: int) -> Any:
+def parallelism_config(sp: int, attention: str) -> Any:
     from accelerate import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
-    # The core attention under the Ulysses wrapper must be named (eager is refused); sdpa is
-    # what the models are built with (flash-attention needs a GPU build).
+    # The core attention under the Ulysses wrapper must be named, and DeepSpeed raises
+    # unless it is the one the model was built with: model.attn_implementation (validation
+    # refuses eager and flex_attention here: launcher/validation/speed.py).
     handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=True,
-                                              sp_attn_implementation="sdpa")
+                                              sp_attn_implementation=attention)
     return ParallelismConfig(sp_backend="deepspeed", sp_size=sp, sp_handler=handler)
 
 

@@ -36,6 +36,7 @@ class MetricsCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         timing.mark("train_begin")
+        note_compiled(args, "train_begin")
         if kw.get("model") is not None:
             self.step_times.attach(kw["model"])
         if not state.is_world_process_zero:
@@ -86,6 +87,7 @@ class MetricsCallback(TrainerCallback):
     ) -> None:
         if not timing.MARKS.has("first_step"):
             timing.mark("first_eval")  # train.eval_on_start: before the first step
+            note_compiled(args, "first_eval")
         memtrace.PHASES.rename("eval", only="steady")  # an eval between steps
 
     def on_step_begin(
@@ -109,6 +111,7 @@ class MetricsCallback(TrainerCallback):
         if timing.MARKS.has("first_step"):
             return
         timing.mark("first_step")  # this launch's first step: its start-up is complete
+        note_compiled(args, "first_step")
         self.record_phases("startup", timing.rank_startup(str(self.run_dir.path)), state)
 
     def _add_throughput(self, logs: dict[str, Any], tokens: int, world_size: int) -> None:
@@ -133,6 +136,23 @@ class MetricsCallback(TrainerCallback):
             int(state.num_input_tokens_seen or 0)))
 
 
+def note_compiled(args: TrainingArguments, mark: str) -> None:
+    """train.compile: what torch.compile has spent by this mark (timing.move_compile)."""
+    if args.torch_compile:
+        timing.MARKS.note_compiled(mark, compile_seconds())
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process: dynamo's own count of
+    every frame's compile and of its backward graphs, which inductor builds at the first
+    backward (torch._dynamo.utils, private: 0 where a torch has no such count)."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+    except ImportError:
+        return 0.0
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
 def _rounded(seconds: list[float]) -> list[float | None]:
     """Per rank, for metrics.jsonl: None where nothing was measured (JSON has no NaN)."""
     return [None if math.isnan(s) else round(s, 5) for s in seconds]
@@ -145,14 +165,15 @@ def record_finish(trainer: Any) -> None:
             callback.record_phases("finish", timing.finish(), trainer.state)
 
 
-PROGRESS = (("loss", "loss {:.4f}"), ("learning_rate", "lr {:.2e}"),
+PROGRESS = (("loss", "loss {:.4f}"), ("aux_loss", "aux_loss {:.3f}"),
+            ("learning_rate", "lr {:.2e}"),
             ("eval_loss", "eval_loss {:.4f}"), ("rewards/accuracies", "reward acc {:.2f}"),
             ("eval_rewards/accuracies", "eval reward acc {:.2f}"),
             ("train_runtime", "training done in {:.1f} s"),
             ("train_loss", "mean loss {:.4f}"), ("tokens_per_s", "{:.0f} tok/s"),
             ("mfu", "MFU {:.1%}"))
 """The progress line's fields, in order (train_*: only the end-of-training summary;
-rewards: TRL's DPOTrainer)."""
+rewards: TRL's DPOTrainer; aux_loss: an MoE run's router loss, router_loss.py)."""
 
 
 def progress_line(event: MetricsEvent, max_steps: int) -> str:
