@@ -15,6 +15,9 @@ Figures per strategy (medians of --runs runs, ratio = ours / baseline):
   immune to other processes on a shared machine, which lengthen wall time instead. The
   baseline also pins what both do alike (gloo, adamw_torch, no unused-parameter search,
   no tqdm): see bench/baseline_trainer.py.
+- train_runtime, the Trainer's own figure (what a user compares): train() from start to end,
+  so the train-begin callbacks, the eval on start and the warm-up steps too;
+  `hand_over_ftl` (baseline / ftl) >= 0.98 means ftl costs at most 2 % more.
 - whole-process wall time: `python -m launcher train ...` (compose, validate, plan, run dir,
   torchrun, ranks, eval on start, 150 steps, final eval, model save) against
   `torchrun bench/baseline_trainer.py` (same eval on start, steps, final eval and save).
@@ -64,6 +67,9 @@ class Run:
     cpu_ms_per_step: float
     """CPU time of all ranks together per step, in the throughput window."""
     losses: dict[int, float]
+    train_runtime: float
+    """The Trainer's own train_runtime: train()'s start to its end, so also its callbacks'
+    train-begin work, the eval on start and the first steps outside the window."""
     startup: dict[str, float] = field(default_factory=dict)
     spans: dict[str, float] = field(default_factory=dict)
     """Wall seconds: process start to the first step's end, first to last step's end, last
@@ -78,7 +84,8 @@ def run_figures(wall: float, clock: Path) -> dict[str, Any]:
              "after last step": end - rank0[-1][1]}
     return {"wall_s": wall, "tokens_per_s": tokens / seconds, "tokens": tokens,
             "seconds": seconds, "cpu_ms_per_step": cpu * 1e3 / (STEPS - WARM),
-            "losses": losses, "spans": spans}
+            "losses": losses, "spans": spans,
+            "train_runtime": json.loads((clock / "clock-rank0.json").read_text())["train_runtime"]}
 
 
 def launcher_cmd(*args: str) -> list[str]:
@@ -238,6 +245,10 @@ def bench_strategy(strategy: str, work: Path, runs: int) -> list[dict[str, Any]]
               window_steps=[WARM, STEPS], tokens=mine[0].tokens),
         entry(f"train loop CPU/step {strategy} (ftl/base)", [r.cpu_ms_per_step for r in mine],
               [r.cpu_ms_per_step for r in theirs], "ms (all ranks)", **common),
+        entry(f"train_runtime {strategy} (ftl/base)", [r.train_runtime for r in mine],
+              [r.train_runtime for r in theirs], "s", **common,
+              hand_over_ftl=statistics.median(r.train_runtime for r in theirs)
+              / statistics.median(r.train_runtime for r in mine)),
         entry(f"whole process {strategy} (ftl/base)", [r.wall_s for r in mine],
               [r.wall_s for r in theirs], "s", **common, startup=startup, spans=spans),
     ]

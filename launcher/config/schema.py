@@ -321,6 +321,12 @@ class TrainConfig:
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     """Extra TrainerCallbacks, each {_target_: module.Class, **kwargs}, built on every rank
     (e.g. the probes the integration tests inject)."""
+    cpu_live_bytes: bool = False
+    """CPU ranks: count every tensor allocation (a wrapper around torch's CPU allocator,
+    launcher/rank/memtrace.py), so result.json and `ftl report` give live tensor bytes per
+    phase beside the resident memory. Costs ~9 % of the tiny model's step time
+    (bench/train_overhead.py), so off unless asked; GPU ranks always measure, free (torch's
+    CUDA statistics)."""
     hang_timeout_s: float = 1800.0
     """Hang watchdog: seconds without progress (an optimizer step, an eval batch, a
     finished save) after which every rank writes the stacks of its threads to RUN_DIR/hang/

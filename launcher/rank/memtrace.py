@@ -3,7 +3,9 @@
 GPU: torch.cuda's allocator statistics, the peak reset at each phase boundary. CPU: torch
 keeps no CPU allocator statistics, so the worker wraps torch's CPU allocator with
 COUNTING_ALLOCATOR_SOURCE (compiled once with the system compiler into the cache, loaded
-with ctypes; +0.06-0.09 us per allocation).
+with ctypes; +0.06-0.09 us per allocation measured alone, but ~9 % of the tiny model's
+step time in a real run, where a step makes thousands: bench/train_overhead.py). So only
+when asked (train.cpu_live_bytes: the memory tests and the demo's test ask).
 Why not the profiler, what it does not count (RSS is recorded beside it) and the phases:
 docs/evidence/memory.md. Without a compiler the CPU figure is None and only RSS is recorded.
 """
@@ -235,6 +237,14 @@ class PhasePeaks:
         if reserved is not None:
             record["reserved_peak_bytes"] = max(record.get("reserved_peak_bytes", 0), reserved)
 
+    def run_peak(self) -> int | None:
+        """The highest live bytes since tracking began: every closed phase's peak and the
+        open one's. Not the tracker's own figure, which restarts at each phase (each step)."""
+        if self.tracker is None:
+            return None
+        closed = (record["peak_bytes"] for record in self.phases.values())
+        return max([self.tracker.peak(), *closed])
+
     def summary(self) -> dict[str, Any]:
         """Closes the open phase and returns the record for metrics/rank<R>.json."""
         if self.tracker is None:
@@ -255,9 +265,13 @@ PHASES = PhasePeaks()
 """This process's phases: nothing is measured until `start` installs its tracker."""
 
 
-def start(on_cpu: bool) -> None:
+def start(on_cpu: bool, count_cpu: bool) -> None:
     """Install this process's tracker and open phase "startup"; when live bytes cannot be
-    measured, the run records RSS only and its summary says why."""
+    measured, or on CPU unless `count_cpu` (train.cpu_live_bytes: the counting allocator
+    costs every allocation), the run records RSS only and its summary says why."""
+    if on_cpu and not count_cpu:
+        PHASES.problem = "not counted on CPU ranks unless train.cpu_live_bytes=true"
+        return
     try:
         PHASES.tracker = CpuTracker.install() if on_cpu else CudaTracker()
     except MemtraceUnavailable as exc:
@@ -268,12 +282,14 @@ def start(on_cpu: bool) -> None:
 
 
 def peak_memory_mib() -> float:
-    """The figure every metrics line carries (to 0.1 MiB): peak accelerator memory of this
-    rank, or its peak resident memory on CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    """The figure every metrics line carries (to 0.1 MiB): this rank's peak live tensor bytes
+    so far (its GPU's, or on CPU the counting allocator's), else its peak resident memory.
+    From the phase record, not torch.cuda.max_memory_allocated(): the tracker resets that at
+    every phase boundary (each step), and a bare call reads the current device, GPU 0 before
+    the process group picks this rank's."""
+    live = PHASES.run_peak()
+    if live is not None and isinstance(PHASES.tracker, CudaTracker):
+        return round(live / 2**20, 1)
     return round(rss_peak_bytes() / 2**20, 1)
 
 

@@ -62,7 +62,7 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     plan = run_dir.read_plan()  # once: the data, the FLOPs figures, the predicted peak
     data_dir = Path(plan.data_dir)
     imports.import_stack(cfg, engine)  # start-up phases: the imports on their own
-    memtrace.start(on_cpu)  # from before the model exists
+    memtrace.start(on_cpu, cfg.train.cpu_live_bytes)  # from before the model exists
     from transformers.utils import logging as hf_logging  # after import_stack
     # Bars from every rank garble the launcher's console; MetricsCallback reports the steps.
     hf_logging.disable_progress_bar()

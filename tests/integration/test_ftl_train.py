@@ -49,7 +49,8 @@ def test_the_embedded_default_learns_its_held_out_sums_and_records_it(
     read back by `ftl report`; `ftl chat` answers a held-out prompt."""
     tasks = write_user_task(tmp_path)
     done = ftl("train", "eval.tasks=[arith,my_sums]", f"eval.include_path={tasks}",
-               "eval.before=true", f"run.output_dir={tmp_path}")
+               "eval.before=true", f"run.output_dir={tmp_path}",
+               "train.cpu_live_bytes=true")  # live bytes per phase for the report's table
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     assert f"Model: {run_dir / 'model'}" in done.stdout

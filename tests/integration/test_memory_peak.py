@@ -52,7 +52,8 @@ buckets, ZeRO-3's live parameters) keep their size and weigh twice as much. Its 
 checkpoint cost half the 8-layer model's; both measured side by side: docs/evidence/memory.md."""
 # Two steps: step 2 is a steady-state step (Adam's states exist since step 1's update), the
 # LiveBytesProbe's, and its save is the checkpoint moment.
-SHAPE = ["train.max_steps=2", "train.save_steps=2", "train.eval_steps=0",
+SHAPE = ["train.cpu_live_bytes=true", "train.max_steps=2", "train.save_steps=2",
+         "train.eval_steps=0",
          "train.eval_on_start=false", "train.micro_batch_size=2", "dataset.max_length=64",
          "dataset.format=text", "dataset.eval_path=", "dataset.eval_fraction=0.02"]
 RUNS: dict[str, list[str]] = {

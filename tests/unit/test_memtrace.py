@@ -130,6 +130,9 @@ def test_phases_keep_each_phases_peak_and_the_max_of_a_recurring_one() -> None:
     fake.alloc(-500)
     phases.phase("steady")
     fake.alloc(10)
+    # What each metrics line reports: the run's peak so far, though the tracker's own
+    # high-water mark restarted at the last phase (it is 70 now)
+    assert fake.peak() == 70 and phases.run_peak() == 560
     record = phases.summary()
     assert {k: v["peak_bytes"] for k, v in record["phases"].items()} == {
         "model": 100, "steady": 90, "checkpoint": 560}
@@ -164,3 +167,17 @@ def test_the_library_is_cached_per_source_and_torch(tmp_path: Path,
     assert one == memtrace.library_path(Path("/t"), "2.13.0")
     assert one != memtrace.library_path(Path("/t"), "2.14.0")
     assert one.parent == tmp_path / "memtrace"
+
+
+def test_cpu_ranks_count_nothing_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.cpu_live_bytes=false (the default): no counting allocator (it costs every
+    allocation), RSS only, and the summary says why."""
+    from launcher.rank import memtrace
+
+    monkeypatch.setattr(memtrace, "PHASES", PhasePeaks())
+    monkeypatch.setattr(memtrace.CpuTracker, "install",
+                        lambda: pytest.fail("the counting allocator was installed"))
+    memtrace.start(on_cpu=True, count_cpu=False)
+    summary = memtrace.PHASES.summary()
+    assert summary["peak_bytes"] is None and summary["rss_peak_bytes"] > 0
+    assert "train.cpu_live_bytes=true" in summary["problem"]

@@ -14,7 +14,8 @@ them apart (docs/evidence/stack.md). A rank slow outside the step (a callback at
 data loading) shows in neither: the others wait for it in the next step's gather.
 
 Cost: a gradient hook on one parameter, a forward pre-hook and hook on the model, a clock
-read (GPU: a CUDA event) each, and one all-gather of two numbers per train log.
+read (GPU: a CUDA event) each, and one all-gather of two numbers per train log. On a GPU the
+events are read at that log, never at a step end: no host synchronisation per step.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class StepTimes:
         self._forward_start: Any = None
         self._forwards: list[tuple[Any, Any]] = []
         self._handles: list[Any] = []
+        self._pending: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []
 
     def attach(self, model: torch.nn.Module) -> None:
         first = next((p for p in model.parameters() if p.requires_grad), None)
@@ -84,14 +86,26 @@ class StepTimes:
         self._begin, self._end, self._forwards = None, None, []
         if begin is None or end is None:
             return
+        self.steps += 1
+        if self._on_gpu:  # read at the gather: reading an event now would wait for the GPU
+            self._pending.append((begin, end, forwards))
+            return
         self.busy_s += self._seconds(begin, end)
         self.forward_s += sum(self._seconds(a, b) for a, b in forwards)
-        self.steps += 1
+
+    def _resolve(self) -> None:
+        """The GPU steps' seconds, at a log: the Trainer has just read the loss there (a host
+        synchronisation of its own), so these events are done and no step waits for them."""
+        for begin, end, forwards in self._pending:
+            self.busy_s += self._seconds(begin, end)
+            self.forward_s += sum(self._seconds(a, b) for a, b in forwards)
+        self._pending = []
 
     def gather(self) -> tuple[list[float], list[float], int]:
         """Every rank's mean busy and forward seconds per step since the last gather
         (NaN where none was measured) and the steps counted; a collective: every rank
         calls it at the same log."""
+        self._resolve()
         steps = self.steps
         means = [self.busy_s / steps, self.forward_s / steps] if steps else [math.nan] * 2
         self.busy_s = self.forward_s = 0.0
