@@ -16,7 +16,7 @@ OVERRIDES := $(if $(MODEL),model=$(MODEL)) $(if $(DATASET),dataset=$(DATASET)) \
 
 
 .PHONY: venv ops train submit plan estimate ds-configs data test test-full test-fast test-lowest \
-	lint bench clean
+	lint bench test-gpu clean
 
 venv: $(STAMP)
 
@@ -92,12 +92,25 @@ test-fast: venv
 	$(BIN)/python -m pytest -q -m 'not slow and not full'
 
 # Benchmarks print a table and write bench/results/<name>.json (ratios measured side by side).
-# About 30 minutes on 2 cores; the GPU one is separate: `bash bench/gpu.sh` on a GPU machine.
+# About 30 minutes on 2 cores; the GPU one is separate: `make test-gpu` on a GPU machine.
 bench: venv
 	$(BIN)/python bench/plan_latency.py
 	$(BIN)/python bench/preprocess.py
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/strategy_table.py
+
+# The GPU check (issue 34): with an NVIDIA GPU, bench/gpu.sh installs .venv-gpu and runs the
+# matrix of short ftl train rows (strategies, fp16, QLoRA, attention kernels, Liger, compile,
+# MoE) in under 8 minutes into bench/results/gpu_matrix.json; without one it prints the plan
+# (rows, overrides, budget; each row `ftl plan`ned here when .venv exists), installs nothing
+# and exits 0.
+test-gpu:
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		bash bench/gpu.sh; \
+	else \
+		echo "make test-gpu: no NVIDIA GPU here (nvidia-smi): the plan only"; \
+		bash bench/gpu.sh --plan; \
+	fi
 
 lint: venv
 	$(BIN)/ruff check launcher tests scripts bench

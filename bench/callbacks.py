@@ -29,6 +29,7 @@ class StepClock(TrainerCallback):
         self.steps: list[tuple[int, float, int, float]] = []
         self.losses: dict[int, float] = {}
         self.began = 0.0
+        self.train_runtime: float | None = None
         self._hook: Any = None
 
     def _count(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -56,6 +57,8 @@ class StepClock(TrainerCallback):
                logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if logs and "loss" in logs:
             self.losses[state.global_step] = float(logs["loss"])
+        if logs and "train_runtime" in logs:  # the Trainer's own: train() start to end
+            self.train_runtime = float(logs["train_runtime"])
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kw: Any) -> None:
@@ -65,7 +68,7 @@ class StepClock(TrainerCallback):
         self.out.mkdir(parents=True, exist_ok=True)
         record = {"rank": args.process_index, "world_size": args.world_size,
                   "began": self.began, "ended": time.monotonic(), "steps": self.steps,
-                  "losses": self.losses}
+                  "losses": self.losses, "train_runtime": self.train_runtime}
         (self.out / f"clock-rank{args.process_index}.json").write_text(json.dumps(record))
 
 
@@ -140,39 +143,3 @@ class NoFinalCheckpoint(TrainerCallback):
                     control: TrainerControl, **kw: Any) -> None:
         if state.max_steps > 0 and state.global_step >= state.max_steps:
             control.should_save = False
-
-
-class GpuMemoryPhases(TrainerCallback):
-    """The CUDA allocator's peak in each phase of a GPU run (bench/gpu.sh; issue #13's
-    phases): construction (model build, engine init: everything before the first step),
-    first step, steady state (step 2 to the end). Each phase's peak is read, then reset, at
-    its end: torch.cuda.max_memory_allocated / max_memory_reserved. Writes
-    OUT/memory-rank<R>.json. Nothing happens on a machine without CUDA."""
-
-    def __init__(self, out: str) -> None:
-        self.out = Path(out)
-        self.phases: dict[str, dict[str, int]] = {}
-
-    def _close(self, phase: str) -> None:
-        if not torch.cuda.is_initialized():
-            return
-        torch.cuda.synchronize()
-        self.phases[phase] = {"allocated": torch.cuda.max_memory_allocated(),
-                              "reserved": torch.cuda.max_memory_reserved()}
-        torch.cuda.reset_peak_memory_stats()
-
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
-                       control: TrainerControl, **kw: Any) -> None:
-        self._close("construction")
-
-    def on_step_end(self, args: TrainingArguments, state: TrainerState,
-                    control: TrainerControl, **kw: Any) -> None:
-        if state.global_step == 1:
-            self._close("first_step")
-
-    def on_train_end(self, args: TrainingArguments, state: TrainerState,
-                     control: TrainerControl, **kw: Any) -> None:
-        self._close("steady")
-        self.out.mkdir(parents=True, exist_ok=True)
-        record = {"rank": args.process_index, "phases": self.phases}
-        (self.out / f"memory-rank{args.process_index}.json").write_text(json.dumps(record))
