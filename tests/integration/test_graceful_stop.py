@@ -167,10 +167,10 @@ TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, (*CHECKPOINTED, *DPO))
 join into the uninterrupted DPO run's (test_dpo.py's ddp run)."""
 FSDP_SHARDED_CASE = ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)
 """Also test_world_size_change.py's first link of fsdp-sharded-2to1 (signal_stop)."""
-CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE,
-         ("zero3", "torchrun", signal.SIGTERM, ()), FSDP_SHARDED_CASE]
+CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE, FSDP_SHARDED_CASE]
 FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()),
-              ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED)]
+              ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED),
+              ("zero3", "torchrun", signal.SIGTERM, ())]
 """`make test-full` only, since `make test` proves what it does: `ftl train` and the ranks
 handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), and ddp's
 save is the one the Ctrl-C case makes. ZeRO-3's stop is DeepSpeed's, as zero2's case here;

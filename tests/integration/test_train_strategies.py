@@ -74,7 +74,8 @@ def case(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = 
                         id=run_name(strategy, launcher, precision, extra))
 
 
-# Every strategy once, each launcher at least twice, each precision under each backend, and
+# Every strategy once (in `make test` all but zero1, zero2_offload and fsdp_offload, whose
+# code paths other runs take, as their comments say), each launcher at least twice, each precision under each backend, and
 # each save path: gathered weights, ZeRO-3's zero_to_fp32 and FSDP's sharded checkpoints
 # (on the offload variants: the save path does not touch their training). The deepspeed
 # launcher costs ~6 s more per run than torchrun (its runner imports DeepSpeed before the
@@ -82,14 +83,17 @@ def case(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = 
 # test_world_size_change.py (their zero2 cases use the zero2 run here as reference).
 CASES = [
     case("ddp", "torchrun", "fp32"),
-    case("zero1", "torchrun", "fp32"),
+    # zero1 trains, saves and resumes in test_tensor_parallel.py (zero1 with parallel.tp=2)
+    case("zero1", "torchrun", "fp32", full=True),
     case("zero2", "deepspeed", "fp32"),
     # optimizer offload's training is zero3_offload's too (its wrapper: offload_optimizer)
     case("zero2_offload", "torchrun", "fp32", full=True),
     case("zero3", "torchrun", "fp32"),
     case("zero3_offload", "torchrun", "fp32", NO_GATHER),
     case("fsdp", "torchrun", "fp32"),
-    case("fsdp_offload", "torchrun", "fp32", NO_GATHER),
+    # FSDP's offload is a flag of the same wrapping (fsdp's runs here and in
+    # test_graceful_stop.py); offloaded parameters train in zero3_offload's run
+    case("fsdp_offload", "torchrun", "fp32", NO_GATHER, full=True),
     case("ddp", "torchrun", "bf16"),
     case("zero3", "deepspeed", "bf16"),
     case("fsdp", "torchrun", "bf16"),
