@@ -75,12 +75,13 @@ def case(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = 
 
 
 # Every strategy once (in `make test` all but zero1, zero2_offload and fsdp_offload, whose
-# code paths other runs take, as their comments say), each launcher at least twice, each precision under each backend, and
-# each save path: gathered weights, ZeRO-3's zero_to_fp32 and FSDP's sharded checkpoints
-# (on the offload variants: the save path does not touch their training). The deepspeed
-# launcher costs ~6 s more per run than torchrun (its runner imports DeepSpeed before the
-# ranks start): `make test` runs it twice here, and in test_graceful_stop.py and
-# test_world_size_change.py (their zero2 cases use the zero2 run here as reference).
+# code paths other runs take, as their comments say), each launcher at least twice, each
+# precision under each backend, and each save path: gathered weights, ZeRO-3's
+# zero_to_fp32 and FSDP's sharded checkpoints (on the offload variants: the save path does
+# not touch their training). The deepspeed launcher costs ~6 s more per run than torchrun
+# (its runner imports DeepSpeed before the ranks start): `make test` runs it twice here,
+# and in test_graceful_stop.py and test_world_size_change.py (their zero2 cases use the
+# zero2 run here as reference).
 CASES = [
     case("ddp", "torchrun", "fp32"),
     # zero1 trains, saves and resumes in test_tensor_parallel.py (zero1 with parallel.tp=2)
