@@ -41,6 +41,16 @@ def head_dim(model: ModelConfig) -> int:
     return model.head_dim or model.hidden_size // max(model.num_heads, 1)
 
 
+def query_width(model: ModelConfig) -> int:
+    """Width of the queries (and of attention's output): num_heads x head_dim."""
+    return model.num_heads * head_dim(model)
+
+
+def kv_width(model: ModelConfig) -> int:
+    """Width of the keys and of the values: num_kv_heads x head_dim."""
+    return model.num_kv_heads * head_dim(model)
+
+
 def is_moe(model: ModelConfig) -> bool:
     """A mixture of experts: num_experts > 0 (validation ties it to the architecture)."""
     return model.num_experts > 0
@@ -50,8 +60,8 @@ def linear_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
     """(in, out) of every nn.Linear in one decoder layer, by HF module name: attention's
     four, and a dense model's MLP (an MoE layer's experts are 3-D parameters and its router
     is no nn.Linear: neither is here)."""
-    h, inter, d = model.hidden_size, model.intermediate_size, head_dim(model)
-    q, kv = model.num_heads * d, model.num_kv_heads * d
+    h, inter = model.hidden_size, model.intermediate_size
+    q, kv = query_width(model), kv_width(model)
     shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
     if not is_moe(model):
         shapes.update(gate_proj=(h, inter), up_proj=(h, inter), down_proj=(inter, h))
@@ -64,9 +74,14 @@ def layer_linear_params(model: ModelConfig) -> int:
     return sum(i * o for i, o in linear_shapes(model).values())
 
 
+def one_expert_params(model: ModelConfig) -> int:
+    """One expert's gated MLP: gate_up 2ih + down ih."""
+    return 3 * model.hidden_size * model.intermediate_size
+
+
 def expert_params(model: ModelConfig) -> int:
-    """One layer's experts module: E x (gate_up 2ih + down ih); 0 for a dense model."""
-    return model.num_experts * 3 * model.hidden_size * model.intermediate_size
+    """One layer's experts module: E experts; 0 for a dense model."""
+    return model.num_experts * one_expert_params(model)
 
 
 def router_params(model: ModelConfig) -> int:
@@ -76,10 +91,9 @@ def router_params(model: ModelConfig) -> int:
 
 def layer_params(model: ModelConfig) -> int:
     """Every parameter of one decoder layer: linears, biases, norms, experts and router."""
-    h, d = model.hidden_size, head_dim(model)
-    arch = model.architecture
-    bias = (model.num_heads + 2 * model.num_kv_heads) * d if arch in QKV_BIAS else 0
-    qk_norms = 2 * d if arch in QK_NORM else 0
+    h, arch = model.hidden_size, model.architecture
+    bias = query_width(model) + 2 * kv_width(model) if arch in QKV_BIAS else 0
+    qk_norms = 2 * head_dim(model) if arch in QK_NORM else 0
     norms = NORMS_PER_LAYER.get(arch, 2) * h
     experts = expert_params(model) + router_params(model) if is_moe(model) else 0
     return layer_linear_params(model) + bias + qk_norms + norms + experts
@@ -99,8 +113,7 @@ def active_params(model: ModelConfig) -> int:
     layer instead of all of them (the router still scores every expert). What compute
     counts (C = 6 x active x tokens); = count_params for a dense model."""
     idle = max(model.num_experts - model.experts_per_token, 0)
-    return count_params(model) - model.num_layers * idle * 3 * model.hidden_size * (
-        model.intermediate_size)
+    return count_params(model) - model.num_layers * idle * one_expert_params(model)
 
 
 def rank_params(model: ModelConfig, tp: int = 1) -> int:

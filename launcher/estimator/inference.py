@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launcher.config.architecture import count_params, head_dim
+from launcher.config.architecture import count_params, kv_width
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.estimator.memory import (
@@ -43,7 +43,7 @@ def inference_estimate(cfg: RunConfig) -> InferenceEstimate:
     model, p = cfg.model, param_bytes(cfg.precision.name)
     weights = count_params(model) * p
     tokens = cfg.eval.batch_size * cfg.dataset.max_length
-    kv = 2 * model.num_layers * model.num_kv_heads * head_dim(model) * tokens * p
+    kv = 2 * model.num_layers * kv_width(model) * tokens * p
     batch = kv + tokens * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
     preset = gpu_preset(cfg.cluster.gpu)
     buffers = CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from launcher.config.architecture import (
     count_params,
-    head_dim,
     is_moe,
+    kv_width,
     largest_layer_params,
     layer_linear_params,
+    query_width,
     rank_params,
 )
 from launcher.config.hardware import gpu_preset
@@ -221,14 +222,6 @@ def layer_activation_elements(model: ModelConfig, tp: int = 1, sp: int = 1) -> f
     h, q, kv = model.hidden_size, query_width(model), kv_width(model)
     ulysses = 2 * q + 2 * kv if sp > 1 else 0
     return 2 * h + (6 * q + 2 * kv + mlp_activation_elements(model)) / tp + ulysses
-
-
-def query_width(model: ModelConfig) -> int:
-    return model.num_heads * head_dim(model)
-
-
-def kv_width(model: ModelConfig) -> int:
-    return model.num_kv_heads * head_dim(model)
 
 
 def mlp_activation_elements(model: ModelConfig, frozen: bool = False) -> float:

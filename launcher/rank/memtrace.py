@@ -282,8 +282,8 @@ def start(on_cpu: bool, count_cpu: bool) -> None:
 
 
 def peak_memory_mib() -> float:
-    """The figure every metrics line carries (to 0.1 MiB): this rank's peak live tensor bytes
-    so far (its GPU's, or on CPU the counting allocator's), else its peak resident memory.
+    """The figure every metrics line carries (to 0.1 MiB): on a GPU this rank's peak live
+    tensor bytes so far; on CPU (counted or not) its peak resident memory.
     From the phase record, not torch.cuda.max_memory_allocated(): the tracker resets that at
     every phase boundary (each step), and a bare call reads the current device, GPU 0 before
     the process group picks this rank's."""
