@@ -18,7 +18,7 @@ from launcher.cli import main
 from launcher.config.compose import PROJECT_ROOT
 from launcher.rundir import EvalDir, EvalSummary, RunDir
 from launcher.rundir.records import ExamplesRecord
-from tests.integration.runs import FAST_TRAIN, write_user_task
+from tests.integration.runs import FAST_TRAIN, ftl_here, write_user_task
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def assert_records(run_dir: Path, saves: list[int]) -> None:
 
 
 def assert_report(run_dir: Path) -> None:
-    report = ftl("report", str(run_dir))
+    report = ftl_here("report", str(run_dir))  # the CLI in this process
     assert report.returncode == 0, report.stderr
     # predicted / measured live tensor bytes per phase and rank
     # (launcher/run/report.py, memory_table)

@@ -10,8 +10,8 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   linears, rank 0 gathering the whole model to save it).
 - zero3-sp2 is zero3 with parallel.sp=2 (DeepSpeed Ulysses: half of each sequence per rank,
   ZeRO-3 sharding over both; `make test-full` only).
-`make test` runs ddp, zero2, fsdp, zero2_offload, dpo-zero3 and dpo-lora-ddp (SHORT: one
-per backend family, one offload strategy, LoRA, DPO); `make test-full` all of them
+`make test` runs ddp, zero2, fsdp and dpo-lora-ddp (SHORT: one per backend family, and
+LoRA with DPO); `make test-full` all of them
 (zero1-tp2 among them: TP's training, save and resume are test_tensor_parallel.py's, its
 memory figure is docs/evidence/memory.md's).
 Activations are
@@ -77,11 +77,14 @@ DPO_RUNS: dict[str, list[str]] = {
 """objective=dpo: a full fine-tune holding TRL's reference sharded like the policy, and
 LoRA, whose reference is the base with the adapters disabled (no second model)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "fsdp", "zero2_offload", *DPO_RUNS)
-"""The runs `make test` makes: one per backend family, the offload strategy that is also the
-second activation-doubling run, and DPO's two, which also stand for SFT's zero3 and
-lora-ddp (the same engine moments, with the reference and the pair batch on top); the
-others are `make test-full`'s."""
+SHORT = ("ddp", "zero2", "fsdp", "dpo-lora-ddp")
+"""The runs `make test` makes (~18 s each on 2 cores): one per backend family (ddp and
+zero2 also the activation-doubling pair) and DPO with LoRA, which also stands for SFT's
+lora-ddp (the same engine moments, the pair batch on top); the others are `make
+test-full`'s. What `make test` keeps for those: each strategy's measured phases pinned in
+tests/unit/test_peak_memory.py (offload among them) and DPO's reference per strategy in
+tests/unit/test_dpo_estimate.py, which catch a changed prediction; a changed engine
+(DeepSpeed or torch moving what it holds) is what these live runs add."""
 
 
 def full_unless_short(names: list[str]) -> list[object]:

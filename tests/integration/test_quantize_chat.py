@@ -11,17 +11,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from runs import Run, describe_failure
+from runs import Run, describe_failure, ftl_here
 from test_train_strategies import run_name, strategy_overrides
-
-from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +30,7 @@ PERPLEXITY_BOUND = 0.05
 PROMPT = "12+30"
 
 
-def ftl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True,
-                          text=True, timeout=900, cwd=PROJECT_ROOT)
+ftl = ftl_here  # quantize and chat start no process: in this one (tests/integration/runs.py)
 
 
 @pytest.fixture(scope="module")

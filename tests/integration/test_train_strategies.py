@@ -75,13 +75,13 @@ def case(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = 
 
 
 # Every strategy once (in `make test` all but zero1, zero2_offload and fsdp_offload, whose
-# code paths other runs take, as their comments say), each launcher at least twice, each
+# code paths other runs take, as their comments say), each launcher (`make test-full`: twice), each
 # precision under each backend, and each save path: gathered weights, ZeRO-3's
 # zero_to_fp32 and FSDP's sharded checkpoints (on the offload variants: the save path does
 # not touch their training). The deepspeed launcher costs ~6 s more per run than torchrun
-# (its runner imports DeepSpeed before the ranks start): `make test` runs it twice here,
-# and in test_graceful_stop.py and test_world_size_change.py (their zero2 cases use the
-# zero2 run here as reference).
+# (its runner imports DeepSpeed before the ranks start): `make test` runs it once here (the
+# zero2 run, also the reference of test_graceful_stop.py's zero2 SIGTERM stop, which
+# launches it twice more) and in test_slurm.py's two-node job.
 CASES = [
     case("ddp", "torchrun", "fp32"),
     # zero1 trains, saves and resumes in test_tensor_parallel.py (zero1 with parallel.tp=2)
@@ -96,13 +96,14 @@ CASES = [
     # test_graceful_stop.py); offloaded parameters train in zero3_offload's run
     case("fsdp_offload", "torchrun", "fp32", NO_GATHER, full=True),
     case("ddp", "torchrun", "bf16"),
-    case("zero3", "deepspeed", "bf16"),
+    case("zero3", "torchrun", "bf16"),
     case("fsdp", "torchrun", "bf16"),
     # every other launcher x strategy pair, and the save paths on the plain strategies
     case("zero1", "deepspeed", "fp32", full=True),
     case("zero2", "torchrun", "fp32", full=True),
     case("zero2_offload", "deepspeed", "fp32", full=True),
     case("zero3", "deepspeed", "fp32", full=True),
+    case("zero3", "deepspeed", "bf16", full=True),
     case("zero3_offload", "deepspeed", "fp32", NO_GATHER, full=True),
     case("zero3_offload", "torchrun", "fp32", full=True),
     case("zero3", "torchrun", "fp32", NO_GATHER, full=True),

@@ -549,7 +549,11 @@ def live_engine_held(tmp_path_factory) -> dict[tuple[int, str], int]:
     return held
 
 
+# `make test-full` only (a torchrun of DeepSpeed engines, ~15 s on 2 cores): `make test`
+# keeps its twin, test_engine_accounting_matches_measured_engine (the same bytes, measured
+# once and pinned), and the live ZeRO-2 memory run of tests/integration/test_memory_peak.py.
 @pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("stage, precision", LIVE_CASES)
 def test_engine_accounting_equals_what_a_live_engine_holds(
     live_engine_held, stage: int, precision: str

@@ -137,6 +137,21 @@ def test_compile_is_accepted_on_cpu() -> None:
     validate(compose_config(["train.compile=true"]), "plan")
 
 
+def test_the_compile_phase_reads_a_count_that_compiling_moves() -> None:
+    """The `compile` start-up phase reads dynamo's private time count
+    (callbacks/metrics.compile_seconds): it must exist in this torch and grow when a frame
+    compiles (backend eager: dynamo's own work, none of inductor's). The inductor launch is
+    `make test-full`'s (tests/integration/test_fake_engine.py)."""
+    import torch
+
+    from launcher.rank.callbacks.metrics import compile_seconds
+
+    before = compile_seconds()
+    double = torch.compile(lambda x: torch.relu(x) * 2, backend="eager")
+    assert double(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    assert compile_seconds() > before
+
+
 LLAMA_7B = ["model=llama-7b", *A100_BF16, "dataset.max_length=4096", "train.micro_batch_size=2"]
 
 
