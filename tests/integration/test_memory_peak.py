@@ -10,8 +10,8 @@ prediction read from the run's own plan.json (launcher/estimator/peak.py). The r
   linears, rank 0 gathering the whole model to save it).
 - zero3-sp2 is zero3 with parallel.sp=2 (DeepSpeed Ulysses: half of each sequence per rank,
   ZeRO-3 sharding over both; `make test-full` only).
-`make test` runs ddp, zero2, fsdp and dpo-lora-ddp (SHORT: one per backend family, and
-LoRA with DPO); `make test-full` all of them
+`make test` runs ddp, fsdp and dpo-lora-ddp (SHORT: torch's engines, and LoRA with DPO);
+`make test-full` all of them
 (zero1-tp2 among them: TP's training, save and resume are test_tensor_parallel.py's, its
 memory figure is docs/evidence/memory.md's).
 Activations are
@@ -77,14 +77,16 @@ DPO_RUNS: dict[str, list[str]] = {
 """objective=dpo: a full fine-tune holding TRL's reference sharded like the policy, and
 LoRA, whose reference is the base with the adapters disabled (no second model)."""
 TOLERANCE = 0.15
-SHORT = ("ddp", "zero2", "fsdp", "dpo-lora-ddp")
-"""The runs `make test` makes (~18 s each on 2 cores): one per backend family (ddp and
-zero2 also the activation-doubling pair) and DPO with LoRA, which also stands for SFT's
-lora-ddp (the same engine moments, the pair batch on top); the others are `make
-test-full`'s. What `make test` keeps for those: each strategy's measured phases pinned in
-tests/unit/test_peak_memory.py (offload among them) and DPO's reference per strategy in
-tests/unit/test_dpo_estimate.py, which catch a changed prediction; a changed engine
-(DeepSpeed or torch moving what it holds) is what these live runs add."""
+SHORT = ("ddp", "fsdp", "dpo-lora-ddp")
+"""The runs `make test` makes (~18 s each on 2 cores): torch's two engines, and DPO with
+LoRA, which also stands for SFT's lora-ddp (the same engine moments, the pair batch on
+top); the DeepSpeed runs and the activation-doubling checks are `make test-full`'s. What
+`make test` keeps for those: each strategy's measured phases and the doubling pinned in
+tests/unit/test_peak_memory.py (every ZeRO stage and offload among them) and DPO's
+reference per strategy in tests/unit/test_dpo_estimate.py, which catch a changed
+prediction; a changed engine (torch or DeepSpeed moving what it holds, which takes a new
+pinned version in pyproject.toml) is what these live runs add, for DeepSpeed in
+`make test-full` only."""
 
 
 def full_unless_short(names: list[str]) -> list[object]:
@@ -205,7 +207,8 @@ def test_zero1_holds_the_full_gradients_zero2_does_not(
     assert abs(ratio(predicted, measured) - 1) <= TOLERANCE
 
 
-@pytest.mark.parametrize("doubled", full_unless_short(["ddp", "zero2_offload"]))
+@pytest.mark.full  # its base is the zero2 run
+@pytest.mark.parametrize("doubled", ["ddp", "zero2_offload"])
 def test_doubling_moves_measured_and_predicted_activations_alike(
     memory_run: Callable[[str], Run], doubled: str
 ) -> None:
