@@ -130,9 +130,24 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     else:
         state = "already cached" if prepared.cached else "tokenized"
         print(f"ftl preprocess: {state}: {prepared.rows} rows, {prepared.tokens} tokens "
-              f"({prepared.trained_tokens} trained), fill {prepared.fill:.3f}\n"
-              f"  train: {prepared.train}\n  eval:  {prepared.eval}")
+              f"({prepared.trained_tokens} trained), fill {prepared.fill:.3f}")
+        for line in source_table(prepared.sources):
+            print(f"  {line}")
+        print(f"  train: {prepared.train}\n  eval:  {prepared.eval}")
     return 0
+
+
+def source_table(sources: list[dict[str, Any]]) -> list[str]:
+    """A mixture's sources: their own rows and tokens, the share their weight asks for and
+    the examples the mixture drew from each (before packing)."""
+    if not sources:
+        return []
+    width = max(6, *(len(s["name"]) for s in sources))
+    lines = [f"{'source':<{width}} {'rows':>8} {'tokens':>10} {'weight':>7} {'share':>6} "
+             f"{'drawn':>8} {'drawn %':>7}"]
+    lines += [f"{s['name']:<{width}} {s['rows']:>8} {s['tokens']:>10} {s['weight']:>7g} "
+              f"{s['share']:>6.1%} {s['drawn']:>8} {s['drawn_share']:>7.1%}" for s in sources]
+    return lines
 
 
 @verb("report", "plot loss, learning rate and tokens/s of a run; compare estimate and measurement",

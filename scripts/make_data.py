@@ -1,4 +1,5 @@
-"""Generate the bundled default dataset (data/arith/) and its tokenizer (assets/tokenizer/).
+"""Generate the bundled default dataset (data/arith/), the other two sources of the mixture
+preset (data/mix/: configs/dataset/mix.yaml) and the tokenizer (assets/tokenizer/).
 
     make data        # = .venv/bin/python scripts/make_data.py
 
@@ -32,6 +33,7 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 1234
@@ -89,6 +91,30 @@ def make_addition(seed: int) -> tuple[list[Record], list[Record]]:
     return rows[EVAL_ROWS:], rows[:EVAL_ROWS]
 
 
+MIX_SUBTRACTIONS = 2000
+MIX_CHATS = 1000
+
+
+def make_subtraction(seed: int) -> list[Record]:
+    """data/mix/sub.jsonl (alpaca): "a-b" of two-digit numbers, a >= b, each pair once."""
+    pairs = [(a, b) for a in OPERANDS for b in OPERANDS if a >= b]
+    random.Random(seed + 1).shuffle(pairs)
+    return [{"instruction": f"{a}-{b}", "output": str(a - b)}
+            for a, b in pairs[:MIX_SUBTRACTIONS]]
+
+
+def make_reversals(seed: int) -> list[dict[str, list[Record]]]:
+    """data/mix/chat.jsonl (chat): "reverse <word>" answered with the word reversed."""
+    rng, seen, rows = random.Random(seed + 2), set(), []
+    while len(rows) < MIX_CHATS:
+        word = pseudo_word(rng)
+        if word not in seen:
+            seen.add(word)
+            rows.append({"messages": [{"role": "user", "content": f"reverse {word}"},
+                                      {"role": "assistant", "content": word[::-1]}]})
+    return rows
+
+
 def tokenizer_corpus(seed: int) -> list[Record]:
     """Per task of TOKENIZER_TASKS: distinct inputs drawn in the order the first release's
     data generator drew them (so its rows, and the tokenizer fit on them, are unchanged)."""
@@ -107,7 +133,7 @@ def tokenizer_corpus(seed: int) -> list[Record]:
     return train
 
 
-def write_jsonl(path: Path, rows: list[Record]) -> None:
+def write_jsonl(path: Path, rows: list[Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(row, ensure_ascii=True) + "\n" for row in rows)
     path.write_text(text, encoding="utf-8", newline="\n")
@@ -163,14 +189,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data" / "arith")
     parser.add_argument("--tokenizer-dir", type=Path, default=ROOT / "assets" / "tokenizer")
+    parser.add_argument("--mix-dir", type=Path, default=ROOT / "data" / "mix")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args()
     train, evaluation = make_addition(args.seed)
     write_jsonl(args.data_dir / "train.jsonl", train)
     write_jsonl(args.data_dir / "eval.jsonl", evaluation)
+    write_jsonl(args.mix_dir / "sub.jsonl", make_subtraction(args.seed))
+    write_jsonl(args.mix_dir / "chat.jsonl", make_reversals(args.seed))
     train_tokenizer(tokenizer_corpus(args.seed), args.tokenizer_dir)
     print(f"wrote {len(train)} train + {len(evaluation)} eval examples to {args.data_dir}, "
-          f"tokenizer to {args.tokenizer_dir}")
+          f"the mixture's other sources to {args.mix_dir}, tokenizer to {args.tokenizer_dir}")
 
 
 if __name__ == "__main__":

@@ -55,14 +55,21 @@ def compose_config(overrides: list[str]) -> RunConfig:
 
 
 def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
-    """`dataset.path=FILE` without `dataset.eval_path`: drop the group's eval file and hold
-    out `dataset.eval_fraction` of FILE (as LLaMA-Factory's val_size and axolotl's
-    val_set_size do). The notice saying what the run now evaluates on; None: no change."""
+    """`dataset.path=FILE` (or `dataset.sources=[...]`) without `dataset.eval_path`: drop the
+    group's eval file and hold out `dataset.eval_fraction` of FILE, or of each source (as
+    LLaMA-Factory's val_size and axolotl's val_set_size do). The notice saying what the
+    run now evaluates on; None: no change."""
     given = {override_key(override) for override in overrides}
     data = cfg.dataset
-    if "dataset.path" not in given or "dataset.eval_path" in given or not data.eval_path:
+    typed = next((key for key in ("dataset.sources", "dataset.path") if key in given), None)
+    if typed is None or "dataset.eval_path" in given or not data.eval_path:
         return None
     dropped, data.eval_path = data.eval_path, ""
+    if typed == "dataset.sources":  # a mixture holds out its share of every source
+        return (f"dataset.sources: evaluating on {data.eval_fraction * 100:g}% of each source "
+                f"(dataset.eval_fraction={data.eval_fraction:g}); the dataset group's eval file "
+                f"{dropped} belongs to its own data. Set dataset.eval_path=FILE to evaluate on "
+                "another file.")
     name = Path(data.path).name or data.path
     what = (f"evaluating on {data.eval_fraction * 100:g}% of {name} "
             f"(dataset.eval_fraction={data.eval_fraction:g})" if data.eval_fraction > 0
@@ -207,6 +214,8 @@ def resolve_paths(run_config: RunConfig, cwd: Path) -> RunConfig:
         part = getattr(run_config, section)
         setattr(part, key, local_or_as_is(getattr(part, key), cwd))
     dataset = run_config.dataset
+    for source in dataset.sources:
+        source.path = local_or_as_is(source.path, cwd)
     run_config.run.output_dir = str((cwd / run_config.run.output_dir).resolve())
     if dataset.cache_dir:
         dataset.cache_dir = str((cwd / os.path.expanduser(dataset.cache_dir)).resolve())

@@ -100,11 +100,52 @@ class ColumnsConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One dataset of a mixture (`dataset.sources`); docs/guide.md, "Data"."""
+
+    path: str = MISSING
+    """Local file (json, jsonl, csv, parquet), saved dataset directory, or hub dataset id."""
+    weight: float = 1.0
+    """Its share of each epoch's training examples, relative to the other sources' (> 0):
+    weights 3 and 1 draw three examples of this source for one of the other."""
+    name: str = ""
+    """Its label (`ftl preprocess`, the recorded mixture, its cache folder); empty: the
+    file's stem, or the hub id's last part."""
+    format: str = ""
+    """Row format, as dataset.format; empty: dataset.format."""
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    """Column renames, as dataset.columns; a field left empty takes dataset.columns'."""
+    subset: str = ""
+    """Hub dataset: its configuration (load_dataset's name), e.g. main; empty: the default."""
+    split: str = "train"
+    """Hub dataset or saved dataset directory: the split trained on."""
+    revision: str = ""
+    """Hub dataset: branch, tag or commit; empty: the newest. Pinned at plan time to the
+    commit it resolves to (the run dir's config.yaml records it)."""
+
+
+@dataclass
 class DatasetConfig:
     name: str = MISSING
     """Preset name, e.g. arith or alpaca; prefixes the tokenized cache's folder name."""
     path: str = MISSING
-    """Local file (json, jsonl, csv, parquet) or hub dataset id."""
+    """Local file (json, jsonl, csv, parquet) or hub dataset id; not read when `sources`
+    is set."""
+    subset: str = ""
+    """Hub dataset: its configuration (load_dataset's name); empty: the default."""
+    split: str = "train"
+    """Hub dataset or saved dataset directory: the split trained on."""
+    revision: str = ""
+    """Hub dataset: branch, tag or commit; empty: the newest. Pinned at plan time to the
+    commit it resolves to (the run dir's config.yaml records it)."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """A mixture of datasets, each tokenized and cached on its own, drawn by weight into
+    one training set (a seeded, recorded index); empty: `path` alone. E.g.
+    dataset.sources='[{path:a.jsonl,weight:3},{path:b.jsonl,format:chat}]'."""
+    exhausted: str = "stop"
+    """A mixture's rule for a source that runs out: stop (the epoch ends when the first
+    source runs out; no example repeats, larger sources are subsampled) or repeat (a
+    source that runs out starts over until every source has been drawn whole once)."""
     format: str = "alpaca"
     """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
     prompt_completion, text, or preference (prompt/chosen/rejected, for objective=dpo):

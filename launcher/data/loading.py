@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from launcher.data.formats import (
     column_map,
     missing_columns,
 )
+from launcher.data.hub import TRAIN_SPLIT, Coordinates, is_hub_id, load_hub
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -55,20 +55,20 @@ LARGE_ROWS = 20_000
 """From this many rows tokenizing uses several processes (below, their start-up costs more)
 and intermediate results go to disk instead of memory."""
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 # ---------------------------------------------------------------------------- loading
 
 
-def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None) -> Dataset:
+def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None,
+                 where: Coordinates = TRAIN_SPLIT) -> Dataset:
     """Rows of a local .json/.jsonl/.csv/.parquet file, a local dataset directory or a hub
-    dataset id (its train split), checked for the columns `fmt` needs."""
+    dataset id (the split `where` names), checked for the columns `fmt` needs."""
     local = Path(local_or_as_is(path))
     if local.is_file():
         records, source = _load_local(local), str(local)
-    elif local.is_dir() or (local.suffix.lower() not in LOCAL_LOADERS and _HUB_ID.match(path)):
-        records, source = _load_hub(path), path
+    elif local.is_dir() or is_hub_id(path):
+        records, source = load_hub(path, where), path
     else:
         raise DataError(
             f"dataset file {path} not found (looked in {Path.cwd()} and {PROJECT_ROOT}); "
@@ -97,20 +97,6 @@ def _load_local(path: Path) -> Dataset:
         raise DataError(f"{path}: cannot be read as {builder}: {exc}") from exc
 
 
-def _load_hub(dataset_id: str) -> Dataset:
-    """A hub dataset (it needs the hub or its cache) or a local dataset directory."""
-    from datasets import load_dataset
-
-    try:
-        return load_dataset(dataset_id, split="train")
-    except Exception as exc:  # network, auth, missing split: all mean the same to the user
-        raise DataError(
-            f"cannot load dataset {dataset_id!r} ({type(exc).__name__}: {exc}); check the id "
-            "and network access, or download it and set dataset.path to a local "
-            ".json/.jsonl/.csv/.parquet file"
-        ) from exc
-
-
 def check_fields(columns: list[str], fmt: str, renames: Mapping[str, str], source: str) -> None:
     missing = missing_columns(fmt, column_map(fmt, renames, columns), columns)
     if not missing:
@@ -129,7 +115,8 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
     `dataset.path` held out with seed `train.seed` (None when the fraction is 0)."""
     data = cfg.dataset
     renames = asdict(data.columns)
-    records = load_records(data.path, data.format, renames)
+    records = load_records(data.path, data.format, renames,
+                           Coordinates(data.subset, data.split, data.revision))
     if data.eval_path:
         return records, load_records(data.eval_path, data.format, renames), data.path
     if data.eval_fraction <= 0:
@@ -170,7 +157,7 @@ def encoder_for(cfg: RunConfig, tokenizer: Any, columns: list[str]) -> Encoder:
 
 
 def encode_splits(
-    cfg: RunConfig, tokenizer: Any, progress: bool = True
+    cfg: RunConfig, tokenizer: Any, progress: bool = True, whole: bool = True,
 ) -> tuple[Dataset, Dataset | None]:
     """Encoded (and, with dataset.packing, packed) train and eval sets; the problems of
     both in one DataError."""
@@ -198,7 +185,8 @@ def encode_splits(
     if cfg.dataset.packing:
         train = pack(train, cfg.dataset.max_length)
         evaluation = pack(evaluation, cfg.dataset.max_length) if evaluation else None
-    _check_batch(cfg, len(train), source)
+    if whole:  # not one source of a mixture: the mixture is the training set
+        check_batch(cfg, len(train), source)
     return train, evaluation
 
 
@@ -286,7 +274,7 @@ def _positions(batch: Mapping[str, list[Any]]) -> dict[str, list[list[int]]]:
                              for lengths in batch["seq_lengths"]]}
 
 
-def _check_batch(cfg: RunConfig, rows: int, source: str) -> None:
+def check_batch(cfg: RunConfig, rows: int, source: str) -> None:
     t, c = cfg.train, cfg.cluster
     world = c.nodes * c.gpus_per_node
     batch = t.micro_batch_size * t.grad_accum * world

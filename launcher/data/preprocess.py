@@ -19,11 +19,12 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import cache_home, local_or_as_is
+from launcher.data import mixture
 from launcher.data.encode import BUILTIN_CHAT_TEMPLATE, IGNORE_INDEX
 from launcher.data.tokenizer import load_tokenizer
 from launcher.errors import DataError
@@ -60,6 +61,10 @@ class Prepared:
     trained_tokens: int
     fill: float
     cached: bool
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """A mixture's sources, each: name, path, revision, weight, share (the weight's), rows
+    and tokens (its own train split), drawn (its examples in the mixture) and drawn_share;
+    empty for one dataset."""
 
 
 # ---------------------------------------------------------------------------- the key
@@ -72,8 +77,19 @@ def data_dir(cfg: RunConfig) -> Path:
 
 
 def data_key(cfg: RunConfig) -> str:
-    """sha256 of everything that changes the tokenized result."""
+    """sha256 of everything that changes the tokenized result: of a mixture, its sources'
+    keys and what draws from them (not their tokens again)."""
     data = cfg.dataset
+    if data.sources:
+        settings: dict[str, Any] = {
+            "version": VERSION, "exhausted": data.exhausted, "seed": cfg.train.seed,
+            "packing": data.packing, "max_length": data.max_length,
+            "sources": [(name, data_key(one), source.weight) for name, one, source in
+                        zip(mixture.labels(cfg), mixture.source_configs(cfg), data.sources,
+                            strict=True)],
+            "eval": data_key(mixture.eval_file_config(cfg)) if data.eval_path else None,
+        }
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     settings = {
         "version": VERSION, "format": data.format, "columns": asdict(data.columns),
         "template": data.template, "builtin": BUILTIN_CHAT_TEMPLATE,
@@ -83,6 +99,9 @@ def data_key(cfg: RunConfig) -> str:
         "train": _source_digest(data.path), "eval": _source_digest(data.eval_path),
         "tokenizer": _tokenizer_digest(cfg.model.tokenizer or cfg.model.path),
     }
+    hub = {"subset": data.subset, "split": data.split, "revision": data.revision}
+    if hub != {"subset": "", "split": "train", "revision": ""}:  # older keys stay as they were
+        settings["hub"] = hub
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
@@ -122,7 +141,8 @@ def ensure_prepared(
     builder: str = "ftl",
 ) -> Prepared:
     """The cached result, else built now (loading the tokenizer if not given) into a
-    temporary sibling that is renamed into place: complete or absent."""
+    temporary sibling that is renamed into place: complete or absent. A mixture builds
+    each source's own cache first (or finds it), then draws from them."""
     found = read_prepared(directory)
     if found is not None:
         return found
@@ -135,16 +155,33 @@ def ensure_prepared(
         )
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg)
-    from launcher.data.loading import encode_splits
+    if not cfg.dataset.sources:
+        return _staged(directory, builder,
+                       lambda staging: _encoded(cfg, staging, directory, tokenizer, progress))
+    parts = [_source(one, tokenizer, progress, builder)
+             for one in mixture.source_configs(cfg)]
+    held = _source(mixture.eval_file_config(cfg), tokenizer, progress, builder
+                   ) if cfg.dataset.eval_path else None
+    return _staged(directory, builder,
+                   lambda staging: _mixed(cfg, staging, directory, parts, held))
 
+
+def _source(cfg: RunConfig, tokenizer: Any, progress: bool, builder: str) -> Prepared:
+    """One source of a mixture, tokenized (unpacked) into its own cache directory."""
+    directory = data_dir(cfg)
+    return read_prepared(directory) or _staged(
+        directory, builder,
+        lambda staging: _encoded(cfg, staging, directory, tokenizer, progress, whole=False))
+
+
+def _staged(directory: Path, builder: str, build: Callable[[Path], Prepared]) -> Prepared:
+    """`build(staging)` writes the data into a temporary sibling of `directory` and returns
+    its figures; meta.json is written and the sibling renamed into place (a concurrent
+    build of the same key may win the rename: its result is then the one)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = directory.with_name(f".{directory.name}.{socket.gethostname()}.{os.getpid()}")
     try:
-        train, evaluation = encode_splits(cfg, tokenizer, progress)
-        train.save_to_disk(str(staging / "train"))
-        if evaluation is not None:
-            evaluation.save_to_disk(str(staging / "eval"))
-        prepared = _figures(cfg, directory, train, evaluation is not None)
+        prepared = build(staging)
         meta = {"prepared": asdict(prepared),
                 "built_by": f"{builder} ({socket.gethostname()} pid {os.getpid()})",
                 "built_at": time.time()}
@@ -157,6 +194,61 @@ def ensure_prepared(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return prepared
+
+
+def _encoded(cfg: RunConfig, staging: Path, directory: Path, tokenizer: Any, progress: bool,
+             whole: bool = True) -> Prepared:
+    """One dataset encoded into `staging`; `whole`: it is the training set (it must fill
+    one global batch), not one source of a mixture."""
+    from launcher.data.loading import encode_splits
+
+    train, evaluation = encode_splits(cfg, tokenizer, progress, whole=whole)
+    train.save_to_disk(str(staging / "train"))
+    if evaluation is not None:
+        evaluation.save_to_disk(str(staging / "eval"))
+    return _figures(cfg, directory, train, evaluation is not None)
+
+
+def _mixed(cfg: RunConfig, staging: Path, directory: Path, parts: list[Prepared],
+           held: Prepared | None) -> Prepared:
+    """The mixture drawn from its sources' caches into `staging` (packed as a whole with
+    dataset.packing), its index beside it; the figures name each source's draw."""
+    from datasets import Dataset, concatenate_datasets, load_from_disk
+
+    from launcher.data.loading import check_batch, pack
+
+    data = cfg.dataset
+    trains = [load_from_disk(part.train) for part in parts]
+    drawn, rows = mixture.mixture_index([len(t) for t in trains],
+                                        [s.weight for s in data.sources], cfg.train.seed,
+                                        data.exhausted)
+    starts = [sum(len(t) for t in trains[:index]) for index in range(len(trains))]
+    train = concatenate_datasets(trains).select(
+        [starts[source] + row for source, row in zip(drawn, rows, strict=True)])
+    evals = [load_from_disk(p.eval) for p in parts if p.eval] if held is None else [
+        load_from_disk(held.train)]
+    evaluation = concatenate_datasets(evals) if evals else None
+    if data.packing:
+        train = pack(train, data.max_length)
+        evaluation = pack(evaluation, data.max_length) if evaluation is not None else None
+    check_batch(cfg, len(train), f"the mixture of {', '.join(mixture.labels(cfg))}")
+    train.save_to_disk(str(staging / "train"))
+    if evaluation is not None:
+        evaluation.save_to_disk(str(staging / "eval"))
+    Dataset.from_dict({"source": drawn, "row": rows}).save_to_disk(str(staging / "index"))
+    figures = _figures(cfg, directory, train, evaluation is not None)
+    return Prepared(**{**asdict(figures), "sources": _drawn(cfg, parts, drawn)})
+
+
+def _drawn(cfg: RunConfig, parts: list[Prepared], drawn: list[int]) -> list[dict[str, Any]]:
+    total_weight = sum(source.weight for source in cfg.dataset.sources)
+    counts = [drawn.count(index) for index in range(len(parts))]
+    return [{"name": name, "path": source.path, "revision": source.revision,
+             "weight": source.weight, "share": round(source.weight / total_weight, 4),
+             "rows": part.rows, "tokens": part.tokens, "drawn": count,
+             "drawn_share": round(count / max(1, len(drawn)), 4)}
+            for name, source, part, count in zip(mixture.labels(cfg), cfg.dataset.sources,
+                                                 parts, counts, strict=True)]
 
 
 def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) -> Prepared:

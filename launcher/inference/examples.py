@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
+from launcher.data.mixture import source_configs
 from launcher.inference.chat import answers, load_for_inference
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
@@ -35,7 +36,12 @@ Prompt = tuple[list[dict[str, str]], str]
 def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
     """The first `count` rows of the eval set as (messages before the first assistant turn,
     that turn's text); none for formats whose rows are not one conversation (raw text,
-    preference pairs)."""
+    preference pairs). A mixture's eval set is its sources' held-out rows, in turn."""
+    if cfg.dataset.sources and not cfg.dataset.eval_path:
+        prompts: list[Prompt] = []
+        for one in source_configs(cfg):
+            prompts += held_out_prompts(one, count - len(prompts)) if len(prompts) < count else []
+        return prompts
     if cfg.dataset.format not in CHAT_FORMATS:
         return []
     import datasets

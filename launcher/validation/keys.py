@@ -61,6 +61,10 @@ def field_docs() -> dict[str, dict[str, str]]:
     return docs
 
 
+LIST_ITEMS: dict[str, type] = {"dataset.sources": schema.SourceConfig}
+"""Keys holding a list of sections; an item's key is typed dataset.sources.0.weight=2."""
+
+
 def all_keys() -> list[Key]:
     """Every field reached from RunConfig, in schema order, sections before their keys."""
     docs = field_docs()
@@ -79,7 +83,10 @@ def all_keys() -> list[Key]:
             if f.default_factory is not NO_DEFAULT:
                 default = f.default_factory()
             doc = docs.get(cls.__name__, {}).get(f.name, "")
-            if is_dataclass(default):
+            if name in LIST_ITEMS:  # a list of sections: each item's keys, as dotted
+                keys.append(Key(name, str(f.type), default, False, value, (), doc))
+                walk(LIST_ITEMS[name], name + ".N.", None)
+            elif is_dataclass(default):
                 kind = "group" if name in groups else "section"
                 group = groups.get(name)
                 keys.append(Key(name, kind, group, False, group, choices.get(name, ()), doc))

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING
 
 from launcher.config.compose import SOURCES
 from launcher.config.schema import NO_SCHEDULER, RunConfig
+from launcher.data import mixture
 from launcher.data.datascan import scan_file
 from launcher.data.formats import FORMATS
+from launcher.data.hub import Coordinates, is_hub_id, pinned_revision
+from launcher.errors import DataError
 from launcher.estimator.disk import disk_need
 from launcher.estimator.memory import GIB
 from launcher.rundir import read_complete_marker
@@ -80,10 +83,18 @@ DATA_SOURCES = ("dataset.path", "dataset.eval_path", "model.tokenizer")
 
 
 def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES) -> list[str]:
+    """Paths that are not on this machine while the hub is unreachable (a hub dataset is
+    hub_problems' to resolve from the cache)."""
     if "model.tokenizer" in keys and not cfg.model.tokenizer:
         keys = (*keys, "model.path")
-    remote = [(key, value) for key in dict.fromkeys(keys)
-              if (value := attrgetter(key)(cfg)) and not Path(value).exists()]
+    named = [(key, attrgetter(key)(cfg)) for key in dict.fromkeys(keys)]
+    if "dataset.path" in keys:
+        named = [(key, value) for key, value in named if not (
+            key == "dataset.path" and (cfg.dataset.sources or is_hub_id(value)))]
+        named += [(f"dataset.sources.{index}.path", source.path)
+                  for index, source in enumerate(cfg.dataset.sources)
+                  if not is_hub_id(source.path)]
+    remote = [(key, value) for key, value in named if value and not Path(value).exists()]
     if not remote or hub_reachable():
         return []
     return [
@@ -96,17 +107,43 @@ def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES) -> list[str
 
 def unreadable_data(cfg: RunConfig) -> list[str]:
     """Scan local data files row by row here (streaming, nothing kept), so a bad line fails
-    with its file and line number before any rank starts."""
+    with its file and line number before any rank starts: every source of a mixture in
+    its own format."""
     data = cfg.dataset
-    if data.format not in FORMATS:
-        return []  # rules.data_problems reports the format; its rows cannot be judged
-    renames = asdict(data.columns)
+    files = [("dataset.eval_path", data.eval_path, data.format, data.columns)]
+    if data.sources:
+        files += [(f"dataset.sources.{index}.path", one.dataset.path, one.dataset.format,
+                   one.dataset.columns)
+                  for index, one in enumerate(mixture.source_configs(cfg))]
+    else:
+        files.insert(0, ("dataset.path", data.path, data.format, data.columns))
     problems = []
-    for key, path in (("dataset.path", data.path), ("dataset.eval_path", data.eval_path)):
-        # A missing path is missing_sources' to report; a directory is a saved dataset.
-        if path and Path(path).is_file():
-            scan = scan_file(Path(path), data.format, renames)
+    for key, path, fmt, columns in files:
+        # A missing path is missing_sources' to report; a directory is a saved dataset; a
+        # format not in FORMATS is the rules' to report (its rows cannot be judged).
+        if path and Path(path).is_file() and fmt in FORMATS:
+            scan = scan_file(Path(path), fmt, asdict(columns))
             problems += [f"{key}={path}: {problem}" for problem in scan.problems]
+    return problems
+
+
+def hub_problems(cfg: RunConfig) -> list[str]:
+    """Pin each hub dataset of the run (dataset.path, or each source's) to the commit its
+    revision resolves to, written into `cfg` (the run dir's config.yaml then records it,
+    and every rank and resume loads that commit); what cannot be resolved, as problems."""
+    data = cfg.dataset
+    entries = ([(f"dataset.sources.{index}", source) for index, source in enumerate(data.sources)]
+               if data.sources else [("dataset", data)])
+    hub = [(key, entry) for key, entry in entries if is_hub_id(entry.path)]
+    if not hub:
+        return []
+    offline, problems = not hub_reachable(), []
+    for key, entry in hub:
+        where = Coordinates(entry.subset, entry.split, entry.revision)
+        try:
+            entry.revision = pinned_revision(entry.path, where, offline)
+        except DataError as error:
+            problems.append(f"{key}.path={entry.path}: {error}")
     return problems
 
 

@@ -16,12 +16,14 @@ from launcher.config.report_to import name_problems as tracker_names
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.config.strategies import strategy_table
 from launcher.data.formats import FIELDS, FORMATS, PREFERENCE, unknown_renames
+from launcher.data.mixture import EXHAUSTED
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
 from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 from launcher.validation.evaluation import eval_rules
+from launcher.validation.mixture import mixture_problems
 from launcher.validation.moe import architecture_problems
 from launcher.validation.objective import objective_problems
 from launcher.validation.speed import ATTENTION, speed_problems
@@ -35,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective.name": OBJECTIVES,
     "dataset.format": FORMATS,
     "dataset.template": ("auto", "builtin"),
+    "dataset.exhausted": tuple(EXHAUSTED),
     "train.optimizer": OPTIMIZERS,
     "train.lr_scheduler": ("cosine", "linear", "constant", "constant_with_warmup", "polynomial"),
 }
@@ -46,7 +49,7 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {**CHOICES, "cluster.scheduler": (NO_SCHEDULER, *SCHEDULERS)}
 
 
-DATA_CHOICES = ("dataset.format", "dataset.template")
+DATA_CHOICES = ("dataset.format", "dataset.template", "dataset.exhausted")
 
 
 def config_problems(cfg: RunConfig) -> list[str]:
@@ -83,7 +86,7 @@ def data_problems(cfg: RunConfig) -> list[str]:
          f"dataset.packing=true with dataset.format={PREFERENCE}: a pair is a prompt run "
          "with each of its two answers (TRL's DPOTrainer batches pairs, not packed rows). "
          "Fix: dataset.packing=false."),
-    ]) + _columns(cfg) + _plain_names(cfg, ["dataset.name"])
+    ]) + _columns(cfg) + _plain_names(cfg, ["dataset.name"]) + mixture_problems(cfg)
 
 
 def strategy_problems(cfg: RunConfig) -> list[str]:

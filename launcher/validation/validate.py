@@ -61,6 +61,9 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
     if target in ("train", "submit") and checked.cfg.eval.tasks and not problems:
         # after every other rule: loading the tasks reads their data (seconds)
         problems += eval_task_problems(checked.cfg.eval, "eval.tasks")
+    if target in ("train", "submit", "preprocess") and not problems:
+        # hub datasets pinned to a commit (the hub or its cache), before the data key
+        problems += preflight.hub_problems(checked.cfg)
     if problems:
         raise ConfigError(problems)
     if target in ("train", "submit", "preprocess"):

@@ -45,6 +45,9 @@ FAST_TRAIN = [
     "cluster.gpus_per_node=2",
     "train.show_examples=0",  # `ftl train` runs answer no held-out prompts unless a test asks
 ]
+MIXTURE = ("dataset=mix",)
+"""The mixture preset (configs/dataset/mix.yaml) in place of the bundled sums: the runs
+test_train_strategies.MIXTURE_RUNS names and test_sequence_parallel.py's chain."""
 MOE = ("model=tiny-moe",)
 """The tiny mixture of experts (configs/model/tiny-moe.yaml) in place of the tiny Llama:
 the runs test_train_strategies.MOE_RUNS names and test_chaos.py's."""

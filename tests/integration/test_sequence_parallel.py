@@ -5,7 +5,9 @@ are one process's on the same global batch, a stop and the same command resume e
 a whole HF model whose logits are the trained model's.
 
 One chain of two launches serves every assertion: the first stops right after the
-checkpoint of step 4, the second resumes it to step 8. The reference is the suite's
+checkpoint of step 4, the second resumes it to step 8. All three launches train on the
+mixture preset (configs/dataset/mix.yaml), so they also prove that a mixture trains from
+its recorded index and resumes at the exact example. The reference is the suite's
 tiny-Llama ZeRO-3 run on 2 data-parallel ranks, zero3_offload's (test_train_strategies.py,
 global batch 8 = 4 x 1 x 2; its plain zero3 run trains the tiny MoE, which Ulysses does
 not take, validation/moe.py): offloading on a CPU moves nothing and changes no number, and
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from runs import Run, assert_resumed_like, stop_then_resume
+from runs import MIXTURE, Run, assert_resumed_like, stop_then_resume
 from test_train_strategies import (
     NO_GATHER,
     assert_saved_model_reproduces_logits,
@@ -32,12 +34,13 @@ from test_train_strategies import (
 
 from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
+from launcher.rundir import RunDir
 from launcher.validation.validate import validate
 
 pytestmark = pytest.mark.slow
 
 SP = ["strategy=zero3", "parallel.sp=2", "cluster.gpus_per_node=2", "precision=fp32",
-      "train.micro_batch_size=8", "train.grad_accum=1"]
+      "train.micro_batch_size=8", "train.grad_accum=1", *MIXTURE]
 STOP = 4
 
 
@@ -52,6 +55,23 @@ def test_sp2_trains_like_zero3_alone_and_resumes_exactly(
     reference = trained(run_name("zero3_offload", "torchrun", "fp32", NO_GATHER),
                         strategy_overrides("zero3_offload", "torchrun", "fp32", NO_GATHER))
     assert_resumed_like(sp_chain, reference, STOP)
+    assert_trained_on_the_mixture(reference, *sp_chain)
+
+
+def assert_trained_on_the_mixture(*runs: Run) -> None:
+    """Every launch read one mixture (the same cache directory: the same examples in the
+    same order), whose recorded index draws each source by its weight (configs/dataset/
+    mix.yaml: 0.6, 0.3, 0.1) within 2 %."""
+    from collections import Counter
+
+    from datasets import load_from_disk
+
+    (data_dir,) = {RunDir(run.run_dir).read_plan().data_dir for run in runs}
+    assert data_dir is not None and Path(data_dir).name.startswith("mix-")
+    counts = Counter(load_from_disk(str(Path(data_dir) / "index"))["source"])
+    total = sum(counts.values())
+    for source, weight in enumerate((0.6, 0.3, 0.1)):
+        assert counts[source] / total == pytest.approx(weight, abs=0.02), counts
 
 
 def test_sp2_splits_every_sequence_and_saves_the_whole_model(

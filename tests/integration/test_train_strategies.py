@@ -18,19 +18,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from runs import EVIDENCE, MOE, Run, assert_router_loss_logged, callbacks, describe_failure
+from runs import (
+    EVIDENCE,
+    MIXTURE,
+    MOE,
+    Run,
+    assert_router_loss_logged,
+    callbacks,
+    describe_failure,
+)
 
-from launcher.config.compose import PROJECT_ROOT
+from launcher.data.preprocess import read_prepared
+from launcher.rundir import RunDir
 from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
 pytestmark = pytest.mark.slow
 
 MICRO_BATCH, MAX_STEPS, WORLD = 4, 8, 2
-TRAIN_ROWS = len((PROJECT_ROOT / "data/arith/train.jsonl").read_text().splitlines())
 
 # What the WrapperProbe must find for each strategy.
 EXPECTED_WRAPPER: dict[str, dict[str, Any]] = {
@@ -127,6 +136,19 @@ def model_overrides(strategy: str, launcher: str, precision: str,
     return MOE if plain and (strategy, launcher, precision) in MOE_RUNS else ()
 
 
+MIXTURE_RUNS = {("zero3_offload", "torchrun", "fp32")}
+"""The runs that train on the mixture preset (configs/dataset/mix.yaml: three sources drawn
+by weight) instead of the bundled sums: the reference of test_sequence_parallel.py's
+chain, which trains on it too, so that the mixture trains, stops and resumes exactly."""
+
+
+def data_overrides(strategy: str, launcher: str, precision: str,
+                   extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """MIXTURE for a run MIXTURE_RUNS names, else nothing (the default data)."""
+    plain = set(extra) <= set(NO_GATHER)
+    return MIXTURE if plain and (strategy, launcher, precision) in MIXTURE_RUNS else ()
+
+
 def strategy_overrides(
     strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = ()
 ) -> list[str]:
@@ -136,6 +158,7 @@ def strategy_overrides(
         f"precision={precision}",
         callbacks(*EVIDENCE),
         *model_overrides(strategy, launcher, precision, extra),
+        *data_overrides(strategy, launcher, precision, extra),
         *extra,
     ]
 
@@ -182,7 +205,10 @@ def assert_data_sharded(run: Run) -> None:
     rows = [probe["rows"] for probe in probes]
     assert [len(r) for r in rows] == [MAX_STEPS * MICRO_BATCH] * WORLD
     assert not set(rows[0]) & set(rows[1]), "a row was trained on by both ranks"
-    expected_batches = math.ceil(TRAIN_ROWS / (MICRO_BATCH * WORLD))
+    data_dir = RunDir(run.run_dir).read_plan().data_dir  # the sums, or the mixture's draw
+    prepared = read_prepared(Path(data_dir)) if data_dir else None
+    assert prepared is not None
+    expected_batches = math.ceil(prepared.rows / (MICRO_BATCH * WORLD))
     assert [p["batches_per_epoch"] for p in probes] == [expected_batches] * WORLD
 
 

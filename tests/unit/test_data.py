@@ -144,10 +144,10 @@ def test_local_directory_loads_and_hub_ids_go_to_the_hub(tmp_path, monkeypatch):
     write(tmp_path / "train.jsonl", ALPACA)
     assert len(data.load_records(str(tmp_path), "alpaca")) == 3
 
-    def no_hub(dataset_id: str) -> None:
+    def no_hub(dataset_id: str, where: object) -> None:
         raise DataError(f"hub asked for {dataset_id}")
 
-    monkeypatch.setattr(data, "_load_hub", no_hub)
+    monkeypatch.setattr(data, "load_hub", no_hub)
     with pytest.raises(DataError, match="hub asked for tatsu-lab/alpaca"):
         data.load_records("tatsu-lab/alpaca", "alpaca")
     with pytest.raises(DataError, match="not found"):  # a file name is never a hub id
@@ -259,10 +259,14 @@ def test_bundled_rows_are_two_digit_sums_in_one_format():
 def test_generator_reproduces_the_committed_files(tmp_path):
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "make_data.py"),
-         "--data-dir", str(tmp_path / "data"), "--tokenizer-dir", str(tmp_path / "tok")],
+         "--data-dir", str(tmp_path / "data"), "--tokenizer-dir", str(tmp_path / "tok"),
+         "--mix-dir", str(tmp_path / "mix")],
         check=True, capture_output=True,
     )
     for name in ("train.jsonl", "eval.jsonl"):
         assert (tmp_path / "data" / name).read_bytes() == (BUNDLED / name).read_bytes(), name
+    for name in ("sub.jsonl", "chat.jsonl"):
+        assert (tmp_path / "mix" / name).read_bytes() == (ROOT / "data" / "mix" / name
+                                                          ).read_bytes(), name
     for path in sorted(TOKENIZER_DIR.iterdir()):
         assert (tmp_path / "tok" / path.name).read_bytes() == path.read_bytes(), path.name

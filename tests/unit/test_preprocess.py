@@ -118,7 +118,9 @@ def test_ftl_preprocess_json_twice(ftl, tmp_path):
     first = ftl(*args)
     assert first.returncode == 0, first.stderr
     result = json.loads(first.stdout)
-    assert set(result) == {"train", "eval", "rows", "tokens", "trained_tokens", "fill", "cached"}
+    assert set(result) == {"train", "eval", "rows", "tokens", "trained_tokens", "fill", "cached",
+                           "sources"}
+    assert result["sources"] == []  # one dataset: no mixture
     assert result["cached"] is False and 0 < result["trained_tokens"] < result["tokens"]
     from datasets import load_from_disk
 
