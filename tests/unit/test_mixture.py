@@ -216,3 +216,21 @@ def test_an_uncached_hub_dataset_is_refused_offline_with_the_fetch_command(
     with hub_offline(), pytest.raises(DataError):  # a rank, offline, would say so too
         load_hub("nobody/nothing", Coordinates())
 
+
+
+def test_the_held_out_rows_of_every_source_feed_examples_and_quantize(built) -> None:
+    """train.show_examples asks the sources' held-out prompts in turn (each in its own
+    format); `ftl quantize`'s perplexity reads every source's held-out rows."""
+    from launcher.data.tokenizer import load_tokenizer
+    from launcher.inference.examples import held_out_prompts
+    from launcher.inference.quantize import eval_batches
+
+    _, cfg, _, _ = built
+    prompts = held_out_prompts(cfg, 500)  # 395 sums, 100 differences, then reversals
+    assert len(prompts) == 500
+    assert "+" in prompts[0][0][-1]["content"] and "-" in prompts[395][0][-1]["content"]
+    last_turns, answer = prompts[-1]
+    assert last_turns[-1]["content"].startswith("reverse ")
+    assert answer == last_turns[-1]["content"].split()[1][::-1]
+    batches = eval_batches(cfg, load_tokenizer(cfg))
+    assert sum(len(batch["input_ids"]) for batch in batches) == 395 + 100 + 50
