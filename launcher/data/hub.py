@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+LOCAL_LOADERS: dict[str, str] = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+"""File suffix -> the `datasets` builder that reads it (loading.py); a name with one of
+these suffixes is a local file, never a hub id."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ TRAIN_SPLIT = Coordinates()
 def is_hub_id(path: str) -> bool:
     """Not a local file or directory, and shaped like `name` or `owner/name`."""
     local = Path(local_or_as_is(path))
-    return (bool(path) and not local.exists() and local.suffix.lower() not in LOCAL_SUFFIXES
+    return (bool(path) and not local.exists() and local.suffix.lower() not in LOCAL_LOADERS
             and HUB_ID.match(path) is not None)
 
 
@@ -56,8 +63,9 @@ def load_hub(dataset_id: str, where: Coordinates) -> Dataset:
     to the hub would otherwise wait out the hub client's retries), else from the hub."""
     from datasets import load_dataset
 
+    pinned_and_cached = bool(where.revision) and cached_build(dataset_id, where) == where.revision
     try:
-        with hub_offline(cached_build(dataset_id, where) == where.revision != ""):
+        with hub_offline(pinned_and_cached):
             return load_dataset(dataset_id, name=where.subset or None, split=where.split,
                                 revision=where.revision or None)
     except Exception as exc:  # network, auth, missing split: all mean the same to the user

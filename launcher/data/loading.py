@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import PROJECT_ROOT, local_or_as_is
+from launcher.data import mixture
 from launcher.data.encode import (
     IGNORE_INDEX,
     PAIR_REPORT,
@@ -34,7 +35,7 @@ from launcher.data.formats import (
     column_map,
     missing_columns,
 )
-from launcher.data.hub import TRAIN_SPLIT, Coordinates, is_hub_id, load_hub
+from launcher.data.hub import LOCAL_LOADERS, TRAIN_SPLIT, Coordinates, is_hub_id, load_hub
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -44,12 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_LOADERS: dict[str, str] = {
-    ".json": "json",
-    ".jsonl": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-}
 
 LARGE_ROWS = 20_000
 """From this many rows tokenizing uses several processes (below, their start-up costs more)
@@ -137,6 +132,24 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
     held, kept = sorted(order[:n_eval]), sorted(order[n_eval:])
     return (records.select(kept, keep_in_memory=True),
             records.select(held, keep_in_memory=True), data.path)
+
+
+def eval_records(cfg: RunConfig) -> list[tuple[RunConfig, Dataset, str]]:
+    """The eval set, part by part: (the config whose format and columns read it, its rows,
+    its file). dataset.eval_path alone when set (its rows only, not the training file's
+    too); else the share held out of dataset.path, or of each source of a mixture in turn;
+    empty when there is none."""
+    data = cfg.dataset
+    if data.eval_path:
+        reader = mixture.eval_file_config(cfg) if data.sources else cfg
+        return [(reader, load_records(data.eval_path, data.format, asdict(data.columns)),
+                 data.eval_path)]
+    parts = []
+    for one in mixture.source_configs(cfg) if data.sources else [cfg]:
+        _, evaluation, source = split_records(one)
+        if evaluation is not None:
+            parts.append((one, evaluation, source))
+    return parts
 
 
 # ---------------------------------------------------------------------------- encoding

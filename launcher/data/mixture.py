@@ -32,6 +32,12 @@ def labels(cfg: RunConfig) -> list[str]:
     return [label(source) for source in cfg.dataset.sources]
 
 
+def formats(cfg: RunConfig) -> set[str]:
+    """The row formats the run reads: each source's, else dataset.format."""
+    data = cfg.dataset
+    return {source.format or data.format for source in data.sources} or {data.format}
+
+
 def source_config(cfg: RunConfig, index: int) -> RunConfig:
     """Source `index` as a one-dataset RunConfig: its path, format, columns and hub
     coordinates, unpacked (the mixture is packed as a whole), its own share held out for

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
-from launcher.data.mixture import source_configs
+from launcher.data.mixture import formats
 from launcher.inference.chat import answers, load_for_inference
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
@@ -37,32 +37,26 @@ def held_out_prompts(cfg: RunConfig, count: int) -> list[Prompt]:
     """The first `count` rows of the eval set as (messages before the first assistant turn,
     that turn's text); none for formats whose rows are not one conversation (raw text,
     preference pairs). A mixture's eval set is its sources' held-out rows, in turn."""
-    if cfg.dataset.sources and not cfg.dataset.eval_path:
-        prompts: list[Prompt] = []
-        for one in source_configs(cfg):
-            prompts += held_out_prompts(one, count - len(prompts)) if len(prompts) < count else []
-        return prompts
-    if cfg.dataset.format not in CHAT_FORMATS:
+    read = {cfg.dataset.format} if cfg.dataset.eval_path else formats(cfg)
+    if not read & set(CHAT_FORMATS):
         return []
     import datasets
 
-    from launcher.data.loading import load_records, split_records
+    from launcher.data.loading import eval_records
 
     datasets.disable_progress_bars()  # the launcher's console shows the table only
-    data = cfg.dataset
-    if data.eval_path:  # the held-out file alone, not the training set as well
-        evaluation = load_records(data.eval_path, data.format, asdict(data.columns))
-    else:
-        evaluation = split_records(cfg)[1]
-    if evaluation is None:
-        return []
-    columns = column_map(data.format, asdict(data.columns), evaluation.column_names)
-    prompts = []
-    for row in evaluation.select(range(min(count, len(evaluation)))):
-        messages = messages_of(row, data.format, columns)
-        first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        if any(m["role"] == "user" for m in messages[:first]):  # an opening reply asks nothing
-            prompts.append((messages[:first], messages[first]["content"]))
+    prompts: list[Prompt] = []
+    for one, evaluation, _ in eval_records(cfg):
+        fmt = one.dataset.format
+        if fmt not in CHAT_FORMATS or len(prompts) >= count:
+            continue
+        columns = column_map(fmt, asdict(one.dataset.columns), evaluation.column_names)
+        for row in evaluation.select(range(min(count - len(prompts), len(evaluation)))):
+            messages = messages_of(row, fmt, columns)
+            first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            # an opening reply (no user turn before it) asks nothing
+            if any(m["role"] == "user" for m in messages[:first]):
+                prompts.append((messages[:first], messages[first]["content"]))
     return prompts
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.config.compose import compose_config
 from launcher.data.formats import PREFERENCE
+from launcher.data.mixture import formats
 from launcher.errors import ConfigError
 from launcher.inference.chat import check_causal_lm_dir
 from launcher.inference.schemes import GRANULARITIES, SCHEMES
@@ -51,8 +52,7 @@ def check_request(req: Request) -> RunConfig:
         cfg = validate(compose_config(req.overrides), "preprocess").cfg
     except ConfigError as error:
         problems += error.problems
-    formats = {s.format or cfg.dataset.format for s in cfg.dataset.sources} if cfg else set()
-    if cfg is not None and PREFERENCE in (formats or {cfg.dataset.format}):
+    if cfg is not None and PREFERENCE in formats(cfg):
         problems.append(f"dataset.format={PREFERENCE}: the perplexity is measured on "
                         "training examples, and preference pairs are not one example each. "
                         "Fix: a dataset of another format for the measurement, e.g. "
@@ -86,31 +86,15 @@ def check_request(req: Request) -> RunConfig:
 def eval_batches(cfg: RunConfig, tokenizer: Any) -> list[dict[str, Any]]:
     """The `dataset` group's eval split, tokenized like training data, in batches: of a
     mixture, each source's held-out rows in its own format (or its one eval file)."""
-    from launcher.data.loading import collator, encode, encoder_for
+    from launcher.data.loading import collator, encode, encoder_for, eval_records
 
     rows: list[dict[str, Any]] = []
-    for one, evaluation, source in _held_out(cfg):
+    # check_request refuses a config without an eval split
+    for one, evaluation, source in eval_records(cfg):
         encoder = encoder_for(one, tokenizer, evaluation.column_names)
         rows += list(encode(evaluation, encoder, f"{source} (eval)", None))
     collate = collator(tokenizer)
     return [collate(rows[i:i + EVAL_BATCH]) for i in range(0, len(rows), EVAL_BATCH)]
-
-
-def _held_out(cfg: RunConfig) -> list[tuple[RunConfig, Any, str]]:
-    """(the config that reads them, the eval rows, their file) of each part of the split."""
-    from launcher.data.loading import split_records
-    from launcher.data.mixture import eval_file_config, source_configs
-
-    if cfg.dataset.sources and cfg.dataset.eval_path:  # the mixture's one eval file, whole
-        one = eval_file_config(cfg)
-        records, _, source = split_records(one)
-        return [(one, records, source)]
-    parts = []
-    for one in source_configs(cfg) if cfg.dataset.sources else [cfg]:
-        _, evaluation, source = split_records(one)
-        assert evaluation is not None  # check_request refuses a config without an eval split
-        parts.append((one, evaluation, source))
-    return parts
 
 
 def perplexity(model: Any, batches: list[dict[str, Any]]) -> float:

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from launcher.data.formats import FIELDS, FORMATS, PREFERENCE, unknown_renames
-from launcher.data.mixture import label
+from launcher.data.mixture import formats, label
 from launcher.errors import flagged
 
 if TYPE_CHECKING:
@@ -34,9 +34,9 @@ def mixture_problems(cfg: RunConfig) -> list[str]:
     problems += [f"dataset.sources: {count} sources are named {name!r} (each source's name "
                  "labels its share and its cache folder). Fix: dataset.sources.N.name=OTHER "
                  "on all but one." for name, count in names.items() if count > 1]
-    formats = sorted({source.format or data.format for source in data.sources})
-    if PREFERENCE in formats and len(formats) > 1:
-        others = ", ".join(f for f in formats if f != PREFERENCE)
+    read = formats(cfg)
+    if PREFERENCE in read and len(read) > 1:
+        others = ", ".join(sorted(read - {PREFERENCE}))
         problems.append(
             f"dataset.sources: preference pairs mixed with {others} "
             "rows: a run trains one objective (pairs: objective=dpo; the others: sft). Fix: "

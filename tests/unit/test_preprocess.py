@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 from launcher.config.compose import compose_config
 from launcher.data import preprocess
 from launcher.errors import DataError
+from tests.integration.runs import ftl_here
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_DIR = ROOT / "assets" / "tokenizer"
@@ -60,21 +59,7 @@ def private_cache(tmp_path: Path) -> str:
     return f"dataset.cache_dir={tmp_path / 'out' / '.data'}"
 
 
-@pytest.fixture
-def ftl(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        ) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`ftl ARGS` from the project root, in this process (its exit code and output as a
-    subprocess's: the verbs' code is the same, the interpreter's start-up is saved)."""
-    from launcher.cli import main
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        monkeypatch.chdir(ROOT)
-        capfd.readouterr()
-        code = main(list(args))
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(["ftl", *args], code, out, err)
-
-    return run
+ftl = ftl_here  # `ftl ARGS` in this process (tests/integration/runs.py)
 
 
 def test_second_run_tokenizes_nothing(tmp_path):
@@ -109,7 +94,7 @@ def test_key_changes_with_a_data_line_the_tokenizer_and_the_settings(tmp_path):
     assert preprocess.data_dir(config(tmp_path, data, f"model.tokenizer={tok}")) != edited
 
 
-def test_ftl_preprocess_json_twice(ftl, tmp_path):
+def test_ftl_preprocess_json_twice(tmp_path):
     data = small_data(tmp_path)
     args = ["preprocess", "--json", f"dataset.path={data}", "dataset.eval_path=",
             "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path}", "dataset.packing=true",
@@ -139,7 +124,7 @@ def test_ftl_preprocess_json_twice(ftl, tmp_path):
     (["dataset.max_length=8"], "longer than dataset.max_length=8"),
     (["train.micro_batch_size=40"], "fewer than one global batch"),
 ])
-def test_bad_data_exits_2_and_caches_nothing(ftl, tmp_path, extra, message):
+def test_bad_data_exits_2_and_caches_nothing(tmp_path, extra, message):
     data = small_data(tmp_path)
     run = ftl("preprocess", f"dataset.path={data}", "dataset.eval_path=",
               "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path / 'out'}",
@@ -150,7 +135,7 @@ def test_bad_data_exits_2_and_caches_nothing(ftl, tmp_path, extra, message):
     assert not cache.exists() or not any(cache.iterdir())
 
 
-def test_ftl_train_with_bad_data_writes_no_run_dir(ftl, tmp_path):
+def test_ftl_train_with_bad_data_writes_no_run_dir(tmp_path):
     data = small_data(tmp_path)
     run = ftl("train", f"dataset.path={data}", "dataset.eval_path=",
               "dataset.eval_fraction=0.1", f"run.output_dir={tmp_path / 'out'}",
@@ -234,7 +219,7 @@ def test_several_tokenizing_processes_give_the_same_data(tmp_path):
     assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
 
 
-def test_ftl_preprocess_without_an_eval_set_turns_the_presets_evaluation_off(ftl, tmp_path):
+def test_ftl_preprocess_without_an_eval_set_turns_the_presets_evaluation_off(tmp_path):
     """The issue's command: the default model's preset evaluates every 50 steps and shows
     200 examples, keys the user never typed; preprocessing evaluates nothing."""
     data = small_data(tmp_path)
