@@ -128,25 +128,42 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(prepared)))
     else:
-        state = "already cached" if prepared.cached else "tokenized"
-        print(f"ftl preprocess: {state}: {prepared.rows} rows, {prepared.tokens} tokens "
-              f"({prepared.trained_tokens} trained), fill {prepared.fill:.3f}")
-        for line in source_table(prepared.sources):
-            print(f"  {line}")
-        print(f"  train: {prepared.train}\n  eval:  {prepared.eval}")
+        print(prepared_lines(prepared, checked.cfg))
     return 0
 
 
-def source_table(sources: list[dict[str, Any]]) -> list[str]:
+def prepared_lines(prepared: Any, cfg: Any) -> str:
+    """`ftl preprocess`'s figures; a stream's are one pass's, estimated (marked ~)."""
+    from launcher.estimator.flops import global_batch_size
+
+    state = "already cached" if prepared.cached else "tokenized"
+    about = "~" if prepared.streamed else ""
+    lines = [f"ftl preprocess: {'streamed, estimated' if prepared.streamed else state}: "
+             f"{about}{prepared.rows} rows, {about}{prepared.tokens} tokens "
+             f"({about}{prepared.trained_tokens} trained), fill {prepared.fill:.3f}"]
+    lines += [f"  {line}" for line in source_table(prepared.sources, about)]
+    if prepared.streamed:
+        batch = global_batch_size(cfg)
+        lines.append(f"  train: streamed (tokenized as the ranks read it); one pass ~"
+                     f"{-(-prepared.rows // batch)} steps of {batch} rows")
+    else:
+        lines.append(f"  train: {prepared.train}")
+    lines.append(f"  eval:  {prepared.eval}")
+    return "\n".join(lines)
+
+
+def source_table(sources: list[dict[str, Any]], about: str = "") -> list[str]:
     """A mixture's sources: their own rows and tokens, the share their weight asks for and
-    the examples the mixture drew from each (before packing)."""
+    the examples the mixture drew from each (before packing); `about`: "~" when these are
+    estimated (a stream's)."""
     if not sources:
         return []
     width = max(6, *(len(s["name"]) for s in sources))
     lines = [f"{'source':<{width}} {'rows':>8} {'tokens':>10} {'weight':>7} {'share':>6} "
              f"{'drawn':>8} {'drawn %':>7}"]
-    lines += [f"{s['name']:<{width}} {s['rows']:>8} {s['tokens']:>10} {s['weight']:>7g} "
-              f"{s['share']:>6.1%} {s['drawn']:>8} {s['drawn_share']:>7.1%}" for s in sources]
+    lines += [f"{s['name']:<{width}} {about + str(s['rows']):>8} {about + str(s['tokens']):>10} "
+              f"{s['weight']:>7g} {s['share']:>6.1%} {about + str(s['drawn']):>8} "
+              f"{s['drawn_share']:>7.1%}" for s in sources]
     return lines
 
 

@@ -48,6 +48,7 @@ def compose_config(overrides: list[str]) -> RunConfig:
     """The typed RunConfig for `overrides`, relative file paths made absolute."""
     run_config = to_run_config(compose_dict(overrides))
     for notice in (own_eval_set(run_config, overrides),
+                   stream_held_out_off(run_config, overrides),
                    preset_evaluation_off(run_config, overrides)):
         if notice:
             print(f"ftl: {notice}", file=sys.stderr)
@@ -76,6 +77,21 @@ def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
             else "no eval set (dataset.eval_fraction=0)")
     return (f"dataset.path={data.path}: {what}; the dataset group's eval file {dropped} "
             "belongs to its own data. Set dataset.eval_path=FILE to evaluate on another file.")
+
+
+def stream_held_out_off(cfg: RunConfig, overrides: list[str]) -> str | None:
+    """dataset.streaming without dataset.eval_path: a preset's eval_fraction cannot hold out
+    a share of a stream before it is read, so it turns off (one the user typed stays, for
+    validation to refuse with its fix). The notice; None: nothing changed."""
+    data = cfg.dataset
+    given = {override_key(override) for override in overrides}
+    if (not data.streaming or data.eval_path or data.eval_fraction == 0
+            or "dataset.eval_fraction" in given):
+        return None
+    was, data.eval_fraction = data.eval_fraction, 0.0
+    return (f"dataset.streaming: the preset's dataset.eval_fraction={was:g} turned off (a "
+            "stream's share cannot be held out before it is read); set "
+            "dataset.eval_path=FILE to evaluate.")
 
 
 EVALUATION = {"train.eval_steps": 0, "train.eval_on_start": False, "train.show_examples": 0}

@@ -146,6 +146,13 @@ class DatasetConfig:
     """A mixture's rule for a source that runs out: stop (the epoch ends when the first
     source runs out; no example repeats, larger sources are subsampled) or repeat (a
     source that runs out starts over until every source has been drawn whole once)."""
+    streaming: bool = False
+    """Tokenize the training set in the data loader as it is read, not up front (corpora
+    too large to tokenize first); needs train.max_steps; resumes at the exact row. Its eval
+    set is dataset.eval_path's, tokenized up front. docs/guide.md, "Streaming"."""
+    shuffle_buffer: int = 10_000
+    """Streaming: rows of each source read ahead and shuffled as one block (seeded by the
+    block's position, so a resumed run reads the same order); 0: the files' order."""
     format: str = "alpaca"
     """chat (messages), sharegpt (conversations), alpaca (instruction/input/output),
     prompt_completion, text, or preference (prompt/chosen/rejected, for objective=dpo):

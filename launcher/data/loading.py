@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 LARGE_ROWS = 20_000
 """From this many rows tokenizing uses several processes (below, their start-up costs more)
 and intermediate results go to disk instead of memory."""
+PACK_BATCH_ROWS = 10_000
+"""Rows packed together (best-fit decreasing within each batch): the up-front cache's and a
+stream's (stream.py), so both pack the same rows alike."""
 
 
 
@@ -277,12 +280,12 @@ def pack(encoded: Dataset, max_length: int) -> Dataset:
 
     small = len(encoded) < LARGE_ROWS
     packed = pack_dataset(encoded, max_length, strategy="bfd",
-                          map_kwargs={"batch_size": 10_000, "keep_in_memory": small})
-    return packed.map(_positions, batched=True, remove_columns=["seq_lengths"],
+                          map_kwargs={"batch_size": PACK_BATCH_ROWS, "keep_in_memory": small})
+    return packed.map(positions, batched=True, remove_columns=["seq_lengths"],
                       keep_in_memory=small, desc="position ids")
 
 
-def _positions(batch: Mapping[str, list[Any]]) -> dict[str, list[list[int]]]:
+def positions(batch: Mapping[str, list[Any]]) -> dict[str, list[list[int]]]:
     return {"position_ids": [[p for n in lengths for p in range(n)]
                              for lengths in batch["seq_lengths"]]}
 

@@ -65,6 +65,9 @@ class Prepared:
     """A mixture's sources, each: name, path, revision, weight, share (the weight's), rows
     and tokens (its own train split), drawn (its examples in the mixture) and drawn_share;
     empty for one dataset."""
+    streamed: bool = False
+    """dataset.streaming: no train set on disk (the ranks tokenize it as they read it); rows,
+    tokens and fill are one pass's, estimated from the sources' sizes (stream.estimate)."""
 
 
 # ---------------------------------------------------------------------------- the key
@@ -89,6 +92,8 @@ def data_key(cfg: RunConfig) -> str:
                             strict=True)],
             "eval": data_key(mixture.eval_file_config(cfg)) if data.eval_path else None,
         }
+        if data.streaming:
+            settings["streaming"] = True
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
     settings = {
         "version": VERSION, "format": data.format, "columns": asdict(data.columns),
@@ -96,9 +101,12 @@ def data_key(cfg: RunConfig) -> str:
         "max_length": data.max_length, "packing": data.packing, "mask_prompt": data.mask_prompt,
         "eval_fraction": data.eval_fraction if not data.eval_path else None,
         "seed": cfg.train.seed if not data.eval_path and data.eval_fraction else None,
-        "train": _source_digest(data.path), "eval": _source_digest(data.eval_path),
+        "train": (_stream_digest if data.streaming else _source_digest)(data.path),
+        "eval": _source_digest(data.eval_path),
         "tokenizer": _tokenizer_digest(cfg.model.tokenizer or cfg.model.path),
     }
+    if data.streaming:
+        settings["streaming"] = {"shuffle_buffer": data.shuffle_buffer, "seed": cfg.train.seed}
     hub = {"subset": data.subset, "split": data.split, "revision": data.revision}
     if hub != {"subset": "", "split": "train", "revision": ""}:  # older keys stay as they were
         settings["hub"] = hub
@@ -109,6 +117,16 @@ def _source_digest(path: str) -> str:
     local = Path(local_or_as_is(path))
     # A hub id (or no file): its name, the hub has no content hash to read offline.
     return _file_digest(local) if path and local.is_file() else path
+
+
+def _stream_digest(path: str) -> str:
+    """A streamed file by size and modification time: hashing a corpus too large to
+    tokenize up front would cost minutes at every plan."""
+    local = Path(local_or_as_is(path))
+    if not local.is_file():
+        return path
+    stat = local.stat()
+    return f"{local.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def _file_digest(path: Path) -> str:
@@ -155,6 +173,9 @@ def ensure_prepared(
         )
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg)
+    if cfg.dataset.streaming:
+        return _staged(directory, builder,
+                       lambda staging: _streamed(cfg, staging, directory, tokenizer, progress))
     if not cfg.dataset.sources:
         return _staged(directory, builder,
                        lambda staging: _encoded(cfg, staging, directory, tokenizer, progress))
@@ -207,6 +228,27 @@ def _encoded(cfg: RunConfig, staging: Path, directory: Path, tokenizer: Any, pro
     if evaluation is not None:
         evaluation.save_to_disk(str(staging / "eval"))
     return _figures(cfg, directory, train, evaluation is not None)
+
+
+def _streamed(cfg: RunConfig, staging: Path, directory: Path, tokenizer: Any,
+              progress: bool) -> Prepared:
+    """A streaming run's cache: its eval set (dataset.eval_path, tokenized now) and a pass's
+    figures, estimated."""
+    from launcher.data import stream
+    from launcher.data.loading import encode_splits, pack
+
+    staging.mkdir()
+    if cfg.dataset.eval_path:
+        evaluation, _ = encode_splits(mixture.eval_file_config(cfg), tokenizer, progress,
+                                      whole=False)
+        if cfg.dataset.packing:
+            evaluation = pack(evaluation, cfg.dataset.max_length)
+        evaluation.save_to_disk(str(staging / "eval"))
+    figures = stream.estimate(cfg, tokenizer)
+    return Prepared(
+        train="", eval=str(directory / "eval") if cfg.dataset.eval_path else None,
+        rows=figures["rows"], tokens=figures["tokens"], trained_tokens=figures["trained_tokens"],
+        fill=figures["fill"], cached=False, sources=figures["sources"], streamed=True)
 
 
 def _mixed(cfg: RunConfig, staging: Path, directory: Path, parts: list[Prepared],
@@ -306,8 +348,12 @@ def rank_datasets(
                             failed=lambda: _last_line(rank0_error))
     from datasets import load_from_disk  # mapped, not read: the ranks share the page cache
 
-    train = load_from_disk(prepared.train)
-    return train, load_from_disk(prepared.eval) if prepared.eval else None
+    evaluation = load_from_disk(prepared.eval) if prepared.eval else None
+    if cfg.dataset.streaming:
+        from launcher.data.stream import StreamRows, train_stream
+
+        return StreamRows(lambda epoch: train_stream(cfg, tokenizer, epoch)), evaluation
+    return load_from_disk(prepared.train), evaluation
 
 
 def _last_line(path: Path) -> str | None:

@@ -79,6 +79,9 @@ def training_arguments(
         # Collectives outwait the hang watchdog, so it is the one that reports a hang.
         ddp_timeout=collective_timeout_s(t.hang_timeout_s, t.first_step_timeout_s),
         disable_tqdm=True,  # MetricsCallback prints one progress line per log event
+        # A stream resumes at its recorded row (worker.continue_stream), not by reading the
+        # trained rows again.
+        ignore_data_skip=cfg.dataset.streaming,
     )
     if on_cpu:
         kwargs.update(
@@ -118,7 +121,8 @@ def make_trainer(
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         **objective_parts,
-        callbacks=[CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp), PreemptCallback(run_dir),
+        callbacks=[*stream_callbacks(cfg, train_ds),
+                   CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp), PreemptCallback(run_dir),
                    *injected_callbacks(cfg)],
     )
     trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well
@@ -130,6 +134,15 @@ def make_trainer(
 
         RouterAuxLoss.install(trainer)  # ahead of metrics: its field reaches the records
     return trainer
+
+
+def stream_callbacks(cfg: RunConfig, train_ds: Any) -> list[Any]:
+    """Streaming: the position of the first untrained row into each checkpoint."""
+    if not cfg.dataset.streaming:
+        return []
+    from launcher.rank.callbacks.stream_state import StreamState
+
+    return [StreamState(train_ds)]
 
 
 def injected_callbacks(cfg: RunConfig) -> list[Any]:

@@ -24,6 +24,7 @@ from launcher.data.preprocess import rank_datasets
 from launcher.data.tokenizer import load_tokenizer
 from launcher.engines import engine_of
 from launcher.engines.base import Engine
+from launcher.errors import DataError
 from launcher.rank import imports, memtrace
 from launcher.rank.model import apply_peft, build_model
 from launcher.rank.objective import reference_model
@@ -31,7 +32,7 @@ from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
-from launcher.rundir import RunDir, RunResult
+from launcher.rundir import STREAM_STATE, RunDir, RunResult, read_stream_state
 from launcher.rundir.checkpoints import checkpoint_step, checkpoint_to_load
 
 
@@ -77,12 +78,16 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
                               cfg.train.first_step_timeout_s, on_gpu=not on_cpu,
                               cleanup=engine.release_rank)
     resume = checkpoint_to_load(cfg.run.resume, run_dir)
+    if cfg.dataset.streaming:
+        continue_stream(datasets[0], resume)
     load_from, universal = engine.checkpoint_for_world(cfg, run_dir, resume)
     # within cluster.startup_timeout_s; accelerate uses this group
     join_world(cfg, run_dir, engine.process_group_backend(on_cpu))
     if on_cpu:
         keep_freed_memory()
     accelerator_config = engine.setup_distributed(cfg, on_cpu)  # where accelerate errs on CPU
+    if cfg.dataset.streaming:  # every rank reads the stream: rows of any width, no broadcast
+        accelerator_config = {**accelerator_config, "dispatch_batches": False}
     args = training_arguments(cfg, engine, run_dir, on_cpu, accelerator_config, resume is not None,
                               load_universal=universal)
     collective_timeout(args.ddp_timeout)  # the start-up bound ends here
@@ -139,6 +144,20 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
     close_runs(finished=True)
     finish(engine)
+
+
+def continue_stream(rows: Any, resume: Path | None) -> None:
+    """A streaming run resumed: read on from the checkpoint's recorded position."""
+    if resume is None:
+        return
+    state = read_stream_state(resume)
+    if state is None:
+        raise DataError(
+            f"{resume} holds no stream position ({STREAM_STATE}): it was not saved by a "
+            "streaming run. Fix: resume it without dataset.streaming, or start a new run "
+            "(run.resume=never)")
+    rows.load(state)
+    print(f"[ftl] streaming from row {state['rows']} (pass {state['epoch']})", flush=True)
 
 
 def finish(engine: Engine) -> NoReturn:

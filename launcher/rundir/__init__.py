@@ -72,6 +72,9 @@ HANG = "hang"
 STARTUP = "startup"
 TRACKERS = "trackers.json"
 COMPLETE_MARKER = "COMPLETE"
+STREAM_STATE = "stream.json"
+"""In a checkpoint of a streaming run: where the first untrained row is read from
+(launcher/data/stream.py), written before the checkpoint is marked COMPLETE."""
 
 
 def json_text(data: dict[str, Any]) -> str:
@@ -233,6 +236,16 @@ def write_complete_marker(checkpoint: Path, step: int, world_size: int, tp: int 
                           sp: int = 1) -> None:
     """Rank 0 only, after every rank has finished writing `checkpoint`."""
     _write(checkpoint / COMPLETE_MARKER, CompleteMarker(step, world_size, time.time(), tp, sp))
+
+
+def write_stream_state(checkpoint: Path, state: dict[str, Any]) -> None:
+    write_file_atomic(checkpoint / STREAM_STATE, json.dumps(state) + "\n")
+
+
+def read_stream_state(checkpoint: Path) -> dict[str, Any] | None:
+    """None when the checkpoint has none (not a streaming run's)."""
+    path = checkpoint / STREAM_STATE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def read_complete_marker(checkpoint: Path) -> CompleteMarker | None:

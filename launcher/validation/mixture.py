@@ -1,6 +1,7 @@
 """Rules on a mixture of datasets (dataset.sources), part of rules.data_problems: every
 source's keys named as typed (dataset.sources.N.KEY=VALUE), all in one message. Its files
-and hub ids are preflight's (row scans, hub revisions)."""
+and hub ids are preflight's (row scans, hub revisions). And a stream's (dataset.streaming):
+what preprocessing reads (`mixture_problems`), what training needs (`streaming_problems`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def mixture_problems(cfg: RunConfig) -> list[str]:
                  "labels its share and its cache folder). Fix: dataset.sources.N.name=OTHER "
                  "on all but one." for name, count in names.items() if count > 1]
     read = formats(cfg)
+    problems += flagged([
+        (data.shuffle_buffer < 0,
+         f"dataset.shuffle_buffer={data.shuffle_buffer}: rows per shuffled block, >= 0. Fix: "
+         "e.g. 10000, or 0 for the files' order."),
+        (data.streaming and PREFERENCE in read,
+         "dataset.streaming=true: preference pairs are tokenized up front (TRL's DPO trainer "
+         "reads a whole dataset). Fix: dataset.streaming=false."),
+    ])
     if PREFERENCE in read and len(read) > 1:
         others = ", ".join(sorted(read - {PREFERENCE}))
         problems.append(
@@ -67,3 +76,27 @@ def _source_problems(key: str, source: SourceConfig, dataset_format: str) -> lis
                      f"{field!r}. Fix: rename one of its fields ({', '.join(FIELDS[fmt])})."
                      for field in unknown_renames(fmt, renames)]
     return problems
+
+
+def streaming_problems(cfg: RunConfig) -> list[str]:
+    """What training a stream needs: a step count (a stream has no length the Trainer could
+    count), one data-parallel layout (every rank reads the stream and keeps its slice), and
+    an eval set that is a file (a share of a stream cannot be held out before it is read)."""
+    data, train, parallel = cfg.dataset, cfg.train, cfg.parallel
+    if not data.streaming:
+        return []
+    return flagged([
+        (train.max_steps <= 0,
+         f"train.max_steps={train.max_steps}: dataset.streaming=true needs a step count (the "
+         f"stream has no length to count epochs by; train.epochs={train.epochs:g} cannot end "
+         "it). Fix: train.max_steps=N; `ftl preprocess` with these overrides estimates one "
+         "pass's rows, so N = passes x rows / the global batch."),
+        (parallel.tp > 1 or parallel.sp > 1,
+         f"parallel.tp={parallel.tp}, parallel.sp={parallel.sp}: dataset.streaming=true "
+         "reads the stream on every rank for data parallelism only. Fix: parallel.tp=1 "
+         "parallel.sp=1, or dataset.streaming=false."),
+        (data.eval_fraction > 0 and not data.eval_path,
+         f"dataset.eval_fraction={data.eval_fraction:g}: a stream's share cannot be held out "
+         "before it is read. Fix: dataset.eval_path=FILE (tokenized up front), or "
+         "dataset.eval_fraction=0."),
+    ])

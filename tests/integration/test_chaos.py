@@ -11,7 +11,10 @@ room to be caught in a save: at 40 a fresh-clone CI run finished first, measured
 2026-12-06), and the final model's logits must
 equal an uninterrupted run's (atol 1e-5; fp32 ddp on CPU resumes bitwise, so the measured
 difference is 0). `make test`'s run is the tiny mixture of experts (ddp's MoE run: the
-router's loss joins each step's and is logged beside it); `make test-full`'s the tiny Llama.
+router's loss joins each step's and is logged beside it) on the mixture preset streamed
+(dataset.streaming, blocks of 256 rows): each relaunch reads on from the row its checkpoint
+recorded (launcher/data/stream.py), so the final logits equal the reference's only if the
+stream resumed exactly; `make test-full`'s the tiny Llama on the bundled sums, up front.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import MOE, assert_router_loss_logged
+from runs import MIXTURE, MOE, assert_router_loss_logged
 
 from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
+STREAMED = (*MIXTURE, "dataset.streaming=true", "dataset.shuffle_buffer=256")
+
 
 @pytest.mark.parametrize(("rounds", "max_steps", "model"), [
-    (2, 100, MOE), pytest.param(20, 800, (), marks=pytest.mark.full)])
+    (2, 100, (*MOE, *STREAMED)), pytest.param(20, 800, (), marks=pytest.mark.full)])
 def test_kill_9s_then_the_run_finishes_with_the_uninterrupted_runs_model(
     tmp_path: Path, rounds: int, max_steps: int, model: tuple[str, ...],
 ) -> None:

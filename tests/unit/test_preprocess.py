@@ -104,7 +104,7 @@ def test_ftl_preprocess_json_twice(tmp_path):
     assert first.returncode == 0, first.stderr
     result = json.loads(first.stdout)
     assert set(result) == {"train", "eval", "rows", "tokens", "trained_tokens", "fill", "cached",
-                           "sources"}
+                           "sources", "streamed"}
     assert result["sources"] == []  # one dataset: no mixture
     assert result["cached"] is False and 0 < result["trained_tokens"] < result["tokens"]
     from datasets import load_from_disk
