@@ -23,7 +23,7 @@ from launcher.engines.parallel_rules import model_parallel_problems, parallel_en
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 from launcher.validation.evaluation import eval_rules
-from launcher.validation.mixture import mixture_problems, streaming_problems
+from launcher.validation.mixture import mixture_problems
 from launcher.validation.moe import architecture_problems
 from launcher.validation.objective import objective_problems
 from launcher.validation.speed import ATTENTION, speed_problems
@@ -59,7 +59,6 @@ def config_problems(cfg: RunConfig) -> list[str]:
         _choices, _positive, _precision, _batch, _model, _eval, _callbacks, _multi_node,
         _plain_names, model_parallel_problems, architecture_problems, _watchdog,
         tracker_names, objective_problems, eval_rules, speed_problems, data_problems,
-        streaming_problems,
     ]
     return [problem for rule in rules for problem in rule(cfg)]
 

@@ -20,6 +20,7 @@ from launcher.estimator.estimate import Estimate, estimate
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
 from launcher.validation import preflight
 from launcher.validation.evaluation import eval_task_problems
+from launcher.validation.mixture import streaming_problems
 from launcher.validation.rules import config_problems, data_problems, strategy_problems
 
 Target = Literal["estimate", "plan", "train", "submit", "preprocess"]
@@ -57,7 +58,8 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
         if not is_auto(checked.cfg.strategy):
             problems += strategy_problems(checked.cfg)
     if target in ("train", "submit"):
-        problems += _launch_problems(checked, dry_run)
+        # not `ftl estimate`'s: a stream's tokens without max_steps come from its sizes
+        problems += streaming_problems(checked.cfg) + _launch_problems(checked, dry_run)
     if target in ("train", "submit") and checked.cfg.eval.tasks and not problems:
         # after every other rule: loading the tasks reads their data (seconds)
         problems += eval_task_problems(checked.cfg.eval, "eval.tasks")

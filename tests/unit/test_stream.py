@@ -3,7 +3,8 @@ is read. In the files' order a stream's rows and batches are the up-front cache'
 stopped at any row (mid-block, at a pass's end, after it) and started again from the state
 recorded before that row reads on exactly; each block's order is seeded and keeps every
 row; `ftl preprocess` estimates a pass from the sources' sizes; what a stream cannot do is
-refused before launch. Training on a stream, killed and resumed exactly:
+refused before launch, and `ftl estimate --count-tokens` takes a stream's tokens from
+those sizes. Training on a stream, killed and resumed exactly:
 tests/integration/test_chaos.py (make test's case streams the mixture)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from launcher.cli import main
 from launcher.config.compose import compose_config
 from launcher.data import preprocess, stream
 from launcher.data.loading import collator, encode_splits
@@ -103,8 +105,9 @@ def test_blocks_are_shuffled_by_seed_and_keep_every_row() -> None:
     assert stream.shuffled_block("42-sums-1")(batch, list(range(64)))["a"] != once["a"]
 
 
-def test_preprocess_estimates_a_pass_and_caches_only_the_eval_set(tmp_path: Path,
-                                                                  tokenizer: Any) -> None:
+def test_preprocess_estimates_a_pass_and_caches_only_the_eval_set(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture,
+) -> None:
     cfg = compose_config([
         "dataset=mix", "dataset.streaming=true", f"dataset.cache_dir={tmp_path}",
         f"dataset.eval_path={ROOT / 'data/arith/eval.jsonl'}", "dataset.packing=true",
@@ -123,6 +126,12 @@ def test_preprocess_estimates_a_pass_and_caches_only_the_eval_set(tmp_path: Path
     shuffled = copy.deepcopy(cfg)
     shuffled.dataset.shuffle_buffer = 5
     assert preprocess.data_dir(shuffled) != directory  # the block order is in the key
+    # `ftl estimate --count-tokens`: D from the sources' sizes, x the epochs (no max_steps)
+    assert main(["estimate", "--count-tokens", "--json", "dataset=mix", "dataset.streaming=true",
+                 f"dataset.cache_dir={tmp_path}", "dataset.packing=true", "train.epochs=2",
+                 "dataset.max_length=128", f"dataset.eval_path={ROOT / 'data/arith/eval.jsonl'}"]
+                ) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 2 * prepared.tokens
 
 
 def test_what_a_stream_cannot_do_is_refused_before_launch(tmp_path: Path,
