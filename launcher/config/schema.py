@@ -181,7 +181,8 @@ class DatasetConfig:
     """Where tokenized data is cached (shared by all nodes); empty: $FTL_CACHE_DIR/data
     (~/.cache/ftlaunch/data), shared by every output dir (the key is the content)."""
     num_proc: int = 0
-    """Tokenizing processes; 0: one per CPU core (up to 8) for large files, else 1."""
+    """Tokenizing processes; 0: one per CPU core (up to 8) for large files, else 1.
+    Streaming: per rank, 0: the node's cores over its ranks (up to 4), 1: the rank's own."""
     wait_timeout_s: float = 14400.0
     """How long ranks other than 0 wait for rank 0 to tokenize (not the collective's 30 min)."""
 

@@ -105,20 +105,26 @@ class Encoder:
         Format preference: `encode_pairs`."""
         if self.fmt == PREFERENCE:
             return self.encode_pairs(batch, indices)
-        rows = _rows(batch)
+        out: dict[str, list] = {"input_ids": [], "labels": [], "full_length": []}
+        for example in self.examples(_rows(batch), indices):
+            if example is not None:
+                for key, value in example.items():
+                    out[key].append(value)
+        return out
+
+    def examples(self, rows: list[dict[str, Any]], indices: list[int]) -> list[dict | None]:
+        """Each row encoded, in order; None for a row left with no trained token."""
         rendered = [self.text(row, index) for row, index in zip(rows, indices, strict=True)]
         enc = self.tokenizer([text for text, _ in rendered], add_special_tokens=False,
                              return_offsets_mapping=True)
-        out: dict[str, list] = {"input_ids": [], "labels": [], "full_length": []}
+        examples: list[dict | None] = []
         for (_, spans), ids, offsets in zip(rendered, enc["input_ids"], enc["offset_mapping"],
                                             strict=True):
             labels = label_tokens(ids, offsets, spans, self.mask_prompt)[:self.max_length]
-            if all(label == IGNORE_INDEX for label in labels):
-                continue
-            out["input_ids"].append(list(ids[:self.max_length]))
-            out["labels"].append(labels)
-            out["full_length"].append(len(ids))
-        return out
+            examples.append(None if all(label == IGNORE_INDEX for label in labels) else {
+                "input_ids": list(ids[:self.max_length]), "labels": labels,
+                "full_length": len(ids)})
+        return examples
 
     def encode_pairs(self, batch: Mapping[str, list[Any]], indices: list[int]) -> dict[str, list]:
         """Batched `datasets.map` function of format preference: PAIR_COLUMNS per pair, the

@@ -350,9 +350,9 @@ def rank_datasets(
 
     evaluation = load_from_disk(prepared.eval) if prepared.eval else None
     if cfg.dataset.streaming:
-        from launcher.data.stream import StreamRows, train_stream
+        from launcher.data.stream import train_rows
 
-        return StreamRows(lambda epoch: train_stream(cfg, tokenizer, epoch)), evaluation
+        return train_rows(cfg, tokenizer), evaluation
     return load_from_disk(prepared.train), evaluation
 
 

@@ -2,35 +2,41 @@
 run reads it, never up front, for corpora too large to tokenize (or hold) before training.
 
 Each source is read lazily (`datasets`' streaming json/csv/parquet reader for a local file; a
-hub dataset or a saved directory from its memory-mapped Arrow files), shuffled in blocks of
-`dataset.shuffle_buffer` rows, encoded by the same Encoder as the up-front path, drawn by
-weight with `interleave_datasets` (the up-front mixture's rule and seed), and packed with
-TRL's best-fit decreasing over the same 10,000-row batches as `loading.pack`: in file order
-(shuffle_buffer=0) a stream's rows are the up-front cache's.
+hub dataset or a saved directory from its memory-mapped Arrow files) and shuffled in blocks
+of `dataset.shuffle_buffer` rows; the sources are drawn by weight with `interleave_datasets`
+(the up-front mixture's rule and seed), all before any row is tokenized. The drawn rows are
+then cut into chunks, each encoded by the up-front path's Encoders and, packed, with TRL's
+best-fit decreasing over the chunk (chunks.py), in tokenizing processes when there are
+cores for them: in the files' order (shuffle_buffer=0) a stream's rows are the cache's.
 
-Why blocks and not a rolling buffer: `datasets`' state_dict records every reader's position,
-the interleave's generator and a batched map's place in its batch, so a stream restarts at
-the exact row, but a rolling shuffle buffer's contents are not in it (its docs: the buffer
-is refilled). A block's order is a seeded function of its position, so re-reading the block
-restores it. `StreamRows` keeps the state before each row it hands out; the checkpoint holds
-the one of the first row not yet trained (launcher/rank/callbacks/stream_state.py).
+Why blocks and not a rolling buffer: `datasets`' state_dict records every reader's position
+and the interleave's generator, so the drawn stream restarts at the exact row, but a rolling
+shuffle buffer's contents are not in it (its docs: the buffer is refilled). A block's order
+is a seeded function of its position, so re-reading the block restores it. `StreamRows`
+keeps, for every row it hands out, the stream's state before its chunk and its place in the
+chunk; the checkpoint holds the first untrained row's (launcher/rank/callbacks/stream_state.py).
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from datasets import Features, Value
 
 from launcher.config.compose import local_or_as_is
 from launcher.data import mixture
+from launcher.data.chunks import ChunkEncoder, encode_installed, install
 from launcher.data.hub import LOCAL_LOADERS, Coordinates, load_hub
-from launcher.data.loading import PACK_BATCH_ROWS, encoder_for, positions
+from launcher.data.loading import PACK_BATCH_ROWS, encoder_for
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 
     from launcher.config.schema import RunConfig
 
+TAGGED = Features({"source": Value("int32"), "row": Value("string")})
+"""A drawn row before tokenizing (chunks.py): typed, or interleave_datasets would read each
+source's head once more only to learn its columns."""
 KEPT_STATES = 4096
 """States kept for rows handed out but not yet trained: the loader's read-ahead (a batch or
 two per rank) is far below this."""
@@ -60,21 +69,26 @@ def raw_rows(cfg: RunConfig) -> IterableDataset:
     return load_dataset(builder, data_files=str(local), split="train", streaming=True, **kwargs)
 
 
-def first_rows(cfg: RunConfig, count: int) -> list[dict[str, Any]]:
-    return list(raw_rows(cfg).take(count))
-
-
-def encoded_source(cfg: RunConfig, tokenizer: Any, label: str, epoch: int) -> IterableDataset:
-    """One source (a one-dataset RunConfig): block-shuffled, encoded (input_ids, labels)."""
+def columns_of(cfg: RunConfig) -> list[str]:
     rows = raw_rows(cfg)
-    columns = list(first_rows(cfg, 1)[0]) if rows.column_names is None else rows.column_names
+    return list(rows.column_names or next(iter(rows.take(1)), {}))
+
+
+def tagged_source(cfg: RunConfig, index: int, label: str, epoch: int) -> IterableDataset:
+    """One source's rows (a one-dataset RunConfig), block-shuffled, each as (its index, its
+    JSON text): cheap, nothing is tokenized yet."""
+    rows, columns = raw_rows(cfg), columns_of(cfg)
     block = cfg.dataset.shuffle_buffer
     if block > 1:
         rows = rows.map(shuffled_block(f"{cfg.train.seed}-{label}-{epoch}"), batched=True,
                         batch_size=block, with_indices=True)
-    encoder = encoder_for(cfg, tokenizer, columns)
-    encoded = rows.map(encoder.encode, batched=True, with_indices=True, remove_columns=columns)
-    return encoded.remove_columns("full_length")
+
+    def tag(batch: Mapping[str, list]) -> dict[str, list]:
+        count = len(batch[columns[0]])
+        return {"source": [index] * count,
+                "row": [json.dumps({key: batch[key][i] for key in columns}, default=str)
+                        for i in range(count)]}
+    return rows.map(tag, batched=True, remove_columns=columns, features=TAGGED)
 
 
 def shuffled_block(seed: str) -> Callable[[Mapping[str, list], list[int]], dict[str, list]]:
@@ -86,47 +100,76 @@ def shuffled_block(seed: str) -> Callable[[Mapping[str, list], list[int]], dict[
     return block
 
 
-def train_stream(cfg: RunConfig, tokenizer: Any, epoch: int = 0) -> IterableDataset:
-    """The training rows of pass `epoch`: one source, or the sources interleaved by weight
-    (dataset.exhausted's rule), packed with dataset.packing."""
+def drawn_rows(cfg: RunConfig, epoch: int = 0) -> IterableDataset:
+    """Pass `epoch`'s rows before tokenizing: one source, or the sources interleaved by
+    weight (dataset.exhausted's rule, the up-front mixture's seed)."""
     from datasets import interleave_datasets
 
     data = cfg.dataset
-    if data.sources:
-        parts = [encoded_source(one, tokenizer, name, epoch) for one, name in
-                 zip(mixture.source_configs(cfg), mixture.labels(cfg), strict=True)]
-        total = sum(source.weight for source in data.sources)
-        stream = interleave_datasets(
-            parts, probabilities=[source.weight / total for source in data.sources],
-            seed=cfg.train.seed, stopping_strategy=mixture.EXHAUSTED[data.exhausted])  # type: ignore[arg-type]
-    else:
-        stream = encoded_source(cfg, tokenizer, data.name, epoch)
-    if not data.packing:
-        return stream
-    from trl.data_utils import pack_dataset
+    if not data.sources:
+        return tagged_source(cfg, 0, data.name, epoch)
+    parts = [tagged_source(one, index, name, epoch) for index, (one, name) in
+             enumerate(zip(mixture.source_configs(cfg), mixture.labels(cfg), strict=True))]
+    total = sum(source.weight for source in data.sources)
+    return interleave_datasets(
+        parts, probabilities=[source.weight / total for source in data.sources],
+        seed=cfg.train.seed, stopping_strategy=mixture.EXHAUSTED[data.exhausted])  # type: ignore[arg-type]
 
-    packed = pack_dataset(stream, data.max_length, strategy="bfd",
-                          map_kwargs={"batch_size": PACK_BATCH_ROWS})
-    return packed.map(positions, batched=True, remove_columns=["seq_lengths"])
+
+def chunk_encoder(cfg: RunConfig, tokenizer: Any) -> ChunkEncoder:
+    configs = mixture.source_configs(cfg) if cfg.dataset.sources else [cfg]
+    return ChunkEncoder([encoder_for(one, tokenizer, columns_of(one)) for one in configs],
+                        cfg.dataset.packing, cfg.dataset.max_length)
+
+
+def chunk_rows(cfg: RunConfig) -> int:
+    """Drawn rows encoded together: packed, the up-front cache's packing batch (so a stream
+    in the files' order packs as the cache does); else fewer, for a quick first step."""
+    return PACK_BATCH_ROWS if cfg.dataset.packing else 1_000
+
+
+def processes(cfg: RunConfig) -> int:
+    """Tokenizing processes per rank: dataset.num_proc, else the node's cores shared among
+    its ranks (up to 4); 1: the rank tokenizes in its own process."""
+    if cfg.dataset.num_proc > 0:
+        return cfg.dataset.num_proc
+    return max(1, min(4, (os.cpu_count() or 1) // max(1, cfg.cluster.gpus_per_node)))
+
+
+def train_rows(cfg: RunConfig, tokenizer: Any) -> StreamRows:
+    """The Trainer's training set under streaming."""
+    return StreamRows(lambda epoch: drawn_rows(cfg, epoch), chunk_encoder(cfg, tokenizer),
+                      chunk_rows(cfg), processes(cfg))
+
+
+def chunks(stream: IterableDataset, size: int) -> Iterator[tuple[dict[str, Any], list]]:
+    """(the stream's state before the chunk, the chunk's (source, row) pairs)."""
+    rows, state = iter(stream), stream.state_dict()
+    while chunk := [(row["source"], row["row"]) for row in islice(rows, size)]:
+        yield state, chunk
+        state = stream.state_dict()
 
 
 class StreamRows(torch.utils.data.IterableDataset):
-    """The Trainer's training set under streaming: `train_stream`'s rows, pass after pass,
-    counting the rows handed out since the run began and keeping the stream's state before
-    each, so a checkpoint can name where the first untrained row starts (`state_before`).
-    Every rank reads the whole stream (accelerate's IterableDatasetShard keeps its slice of
-    each global batch), so every rank's count and states are the same."""
+    """The Trainer's training set under streaming: the drawn rows in chunks, each encoded
+    (and packed) by `encode`, in `processes` processes when more than 1 (the chunks ahead
+    are encoded while the rows of the first are trained; their order is kept). It counts
+    the rows handed out since the run began and keeps, for each, where it is read from: the
+    stream's state before its chunk and its place in the chunk (`state_before`). Every rank
+    reads the whole stream (accelerate's IterableDatasetShard keeps its slice of each global
+    batch), so every rank's count and states are the same."""
 
-    def __init__(self, make: Callable[[int], IterableDataset]) -> None:
-        self.make = make
+    def __init__(self, make: Callable[[int], IterableDataset], encode: ChunkEncoder,
+                 size: int, processes: int = 1) -> None:
+        self.make, self.encode, self.size, self.processes = make, encode, size, processes
         self.epoch, self.rows, self.resumed = 0, 0, None
         self.states: deque[tuple[int, dict[str, Any]]] = deque(maxlen=KEPT_STATES)
-        self.started = False
+        self.started, self.pool = False, None
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint's `state_before`."""
         self.epoch, self.rows = int(state["epoch"]), int(state["rows"])
-        self.resumed = state["stream"]
+        self.resumed = dict(state)
 
     def set_epoch(self, epoch: int) -> None:
         """The Trainer's count of passes restarts at 0 on resume; this one owns its own."""
@@ -135,22 +178,46 @@ class StreamRows(torch.utils.data.IterableDataset):
         if self.started and self.resumed is None:
             self.epoch += 1  # a new pass: the Trainer asks again after the stream ran out
         self.started = True
-        stream = self.make(self.epoch)
+        stream, skip = self.make(self.epoch), 0
         if self.resumed is not None:
-            stream.load_state_dict(copy.deepcopy(self.resumed))
-        before, self.resumed = stream.state_dict(), None
-        for row in stream:
-            self.states.append((self.rows, {"epoch": self.epoch, "rows": self.rows,
-                                            "stream": before}))
-            self.rows += 1
-            yield row
-            before = stream.state_dict()
+            if self.resumed["stream"] is not None:
+                stream.load_state_dict(copy.deepcopy(self.resumed["stream"]))
+            skip, self.resumed = int(self.resumed["skip"]), None
+        for state, rows in self._encoded(chunks(stream, self.size)):
+            for place in range(skip, len(rows)):
+                self.states.append((self.rows, {"epoch": self.epoch, "rows": self.rows,
+                                                "stream": state, "skip": place}))
+                self.rows += 1
+                yield rows[place]
+            skip = 0
         self.states.append((self.rows, {"epoch": self.epoch + 1, "rows": self.rows,
-                                        "stream": None}))
+                                        "stream": None, "skip": 0}))
+
+    def _encoded(self, pending: Iterator[tuple[dict[str, Any], list]]
+                 ) -> Iterator[tuple[dict[str, Any], list]]:
+        if self.processes <= 1:
+            yield from ((state, self.encode(chunk)) for state, chunk in pending)
+            return
+        if self.pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a rank's threads (gloo, NCCL, the watchdog) must not be forked
+            self.pool = ProcessPoolExecutor(self.processes, multiprocessing.get_context("spawn"),
+                                            initializer=install, initargs=(self.encode,))
+        ahead: deque[tuple[dict[str, Any], Any]] = deque()
+        for state, chunk in pending:
+            ahead.append((state, self.pool.submit(encode_installed, chunk)))
+            if len(ahead) > self.processes:
+                done_state, future = ahead.popleft()
+                yield done_state, future.result()
+        while ahead:
+            done_state, future = ahead.popleft()
+            yield done_state, future.result()
 
     def state_before(self, row: int) -> dict[str, Any]:
         """Where row `row` (counted from the run's start) is read from: its pass, the count,
-        and the stream's state (None: the pass's start)."""
+        the stream's state before its chunk (None: the pass's start) and its place there."""
         for number, state in reversed(self.states):
             if number == row:
                 return state
@@ -184,13 +251,14 @@ def source_rows(cfg: RunConfig) -> int:
     return round(local.stat().st_size / (sum(map(len, lines)) / len(lines))) - header
 
 
-def sampled_source(cfg: RunConfig, tokenizer: Any, label: str) -> dict[str, Any]:
+def sampled_source(cfg: RunConfig, tokenizer: Any) -> dict[str, Any]:
     """One source's estimated rows, tokens and trained tokens, and its encoded sample."""
     from launcher.data.encode import IGNORE_INDEX
 
-    unshuffled = copy.deepcopy(cfg)
-    unshuffled.dataset.shuffle_buffer = 0
-    sample = list(encoded_source(unshuffled, tokenizer, label, 0).take(SAMPLE_ROWS))
+    head = [(0, json.dumps(row, default=str)) for row in raw_rows(cfg).take(SAMPLE_ROWS)]
+    encode = ChunkEncoder([encoder_for(cfg, tokenizer, columns_of(cfg))], False,
+                          cfg.dataset.max_length)
+    sample = encode(head)
     if not sample:
         raise DataError(f"{cfg.dataset.path}: no example of its first {SAMPLE_ROWS} rows has "
                         f"a trained token within dataset.max_length={cfg.dataset.max_length}")
@@ -209,8 +277,7 @@ def estimate(cfg: RunConfig, tokenizer: Any) -> dict[str, Any]:
     configs = mixture.source_configs(cfg) if data.sources else [cfg]
     names = mixture.labels(cfg) if data.sources else [data.name]
     weights = [source.weight for source in data.sources] or [1.0]
-    sampled = [sampled_source(one, tokenizer, name)
-               for one, name in zip(configs, names, strict=True)]
+    sampled = [sampled_source(one, tokenizer) for one in configs]
     shares = [weight / sum(weights) for weight in weights]
     passes = [part["rows"] / share for part, share in zip(sampled, shares, strict=True)]
     total = min(passes) if data.exhausted == "stop" else max(passes)

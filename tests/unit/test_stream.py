@@ -1,7 +1,8 @@
 """Streaming (dataset.streaming; launcher/data/stream.py): the training set tokenized as it
 is read. In the files' order a stream's rows and batches are the up-front cache's; a stream
-stopped at any row (mid-block, at a pass's end, after it) and started again from the state
-recorded before that row reads on exactly; each block's order is seeded and keeps every
+stopped at any row (mid-block, mid-chunk, at a pass's end, after it) and started again from
+the state recorded before that row reads on exactly, as it does tokenized in processes of
+its own; each block's order is seeded and keeps every
 row; `ftl preprocess` estimates a pass from the sources' sizes; what a stream cannot do is
 refused before launch, and `ftl estimate --count-tokens` takes a stream's tokens from
 those sizes. Training on a stream, killed and resumed exactly:
@@ -49,7 +50,7 @@ def test_a_stream_in_file_order_is_the_up_front_cache(tmp_path: Path, tokenizer:
                  "dataset.packing=true", "dataset.max_length=128"]
     up_front, _ = encode_splits(compose_config(overrides), tokenizer, progress=False)
     cfg = compose_config([*overrides, "dataset.streaming=true", "dataset.shuffle_buffer=0"])
-    streamed = list(stream.StreamRows(lambda epoch: stream.train_stream(cfg, tokenizer, epoch)))
+    streamed = list(stream.train_rows(cfg, tokenizer))
     assert len(streamed) == len(up_front) > 100
     assert ids(streamed) == ids(up_front)
     collate = collator(tokenizer, packed=True)
@@ -72,23 +73,27 @@ def small_mix(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_a_stream_resumes_at_the_exact_row_across_passes(small_mix: Any, tokenizer: Any) -> None:
-    def make(epoch: int) -> Any:
-        return stream.train_stream(small_mix, tokenizer, epoch)
+    """Chunks of 50 drawn rows: rows mid-chunk, at a chunk's start, at a pass's end."""
+    def make(processes: int = 1) -> stream.StreamRows:
+        return stream.StreamRows(lambda epoch: stream.drawn_rows(small_mix, epoch),
+                                 stream.chunk_encoder(small_mix, tokenizer), 50, processes)
 
-    rows = stream.StreamRows(make)
+    rows = make()
     first = [ids([row])[0] for row in rows]
     second = [ids([row])[0] for row in rows]  # the next pass: the Trainer iterates again
     assert len(first) == len(second) == rows.rows // 2
     assert first != second  # each pass its own block order (and, under stop, its own chats)
     everything = first + second
-    for row in (0, 1, 37, len(first) - 1, len(first), len(first) + 5, len(everything) - 1):
+    for row in (0, 1, 37, 50, len(first) - 1, len(first), len(first) + 5, len(everything) - 1):
         state = json.loads(json.dumps(rows.state_before(row)))  # as the checkpoint holds it
-        resumed = stream.StreamRows(make)
+        resumed = make()
         resumed.load(state)
         continued = [ids([r])[0] for r in resumed]
         if row < len(first):  # the rest of pass 0, then pass 1 whole
             continued += [ids([r])[0] for r in resumed]
         assert continued == everything[row:], row
+    # Tokenizing processes: the chunks ahead encoded apart, the same rows in the same order
+    assert [ids([r])[0] for r in make(processes=2)] == first
     # A pass under `stop` ends when the sums run out: ~300 / 0.75 examples, 1/4 chats.
     estimate = stream.estimate(small_mix, tokenizer)
     assert estimate["rows"] == pytest.approx(len(first), rel=0.03)
