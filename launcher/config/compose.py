@@ -66,15 +66,17 @@ def own_eval_set(cfg: RunConfig, overrides: list[str]) -> str | None:
     if typed is None or "dataset.eval_path" in given or not data.eval_path:
         return None
     dropped, data.eval_path = data.eval_path, ""
+    # a stream holds nothing out (stream_held_out_off says so next)
+    held_out = data.eval_fraction > 0 and not data.streaming
+    none = "no eval set" + ("" if data.streaming else " (dataset.eval_fraction=0)")
     if typed == "dataset.sources":  # a mixture holds out its share of every source
-        return (f"dataset.sources: evaluating on {data.eval_fraction * 100:g}% of each source "
-                f"(dataset.eval_fraction={data.eval_fraction:g}); the dataset group's eval file "
-                f"{dropped} belongs to its own data. Set dataset.eval_path=FILE to evaluate on "
-                "another file.")
+        what = (f"evaluating on {data.eval_fraction * 100:g}% of each source "
+                f"(dataset.eval_fraction={data.eval_fraction:g})" if held_out else none)
+        return (f"dataset.sources: {what}; the dataset group's eval file {dropped} belongs to "
+                "its own data. Set dataset.eval_path=FILE to evaluate on another file.")
     name = Path(data.path).name or data.path
     what = (f"evaluating on {data.eval_fraction * 100:g}% of {name} "
-            f"(dataset.eval_fraction={data.eval_fraction:g})" if data.eval_fraction > 0
-            else "no eval set (dataset.eval_fraction=0)")
+            f"(dataset.eval_fraction={data.eval_fraction:g})" if held_out else none)
     return (f"dataset.path={data.path}: {what}; the dataset group's eval file {dropped} "
             "belongs to its own data. Set dataset.eval_path=FILE to evaluate on another file.")
 

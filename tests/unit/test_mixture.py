@@ -7,6 +7,7 @@ mixture, stopped and resumed exactly: tests/integration/test_sequence_parallel.p
 
 from __future__ import annotations
 
+import copy
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +18,8 @@ import pytest
 from test_preprocess import CountingTokenizer
 
 from launcher.config.compose import compose_config
-from launcher.data import preprocess
+from launcher.data import preprocess, stream
+from launcher.data.tokenizer import load_tokenizer
 from launcher.errors import ConfigError, DataError
 from launcher.validation.validate import validate
 
@@ -198,6 +200,15 @@ def test_a_cached_hub_dataset_loads_offline_pinned_to_its_commit(
                             f"dataset.cache_dir={tmp_path / 'cache'}"])
     checked = validate(mixed, "preprocess")
     assert [s.revision for s in checked.cfg.dataset.sources] == [COMMIT, ""]
+    # Streamed: the pinned build read from the cache as it is drawn, offline
+    streamed = copy.deepcopy(checked.cfg)
+    streamed.dataset.streaming, streamed.dataset.eval_fraction = True, 0.0
+    tokenizer = load_tokenizer(streamed)
+    figures = preprocess.ensure_prepared(streamed, preprocess.data_dir(streamed), tokenizer,
+                                         progress=False)
+    assert [s["rows"] for s in figures.sources] == [200, 2000]  # the hub's exact
+    one_pass = list(stream.train_rows(streamed, tokenizer))  # `stop`: ~2 x the hub's 200
+    assert len(one_pass) == pytest.approx(400, rel=0.1) == figures.rows
 
 
 def test_an_uncached_hub_dataset_is_refused_offline_with_the_fetch_command(
