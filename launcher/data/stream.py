@@ -172,12 +172,24 @@ class StreamRows(torch.utils.data.IterableDataset):
         self.resumed = dict(state)
 
     def set_epoch(self, epoch: int) -> None:
-        """The Trainer's count of passes restarts at 0 on resume; this one owns its own."""
+        """Passes are this object's own: the Trainer sees one endless epoch."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Pass after pass, never ending: a pass that ended inside a global batch would let
+        accelerate fill the batch with repeated rows (or drop it), and the Trainer's count
+        of rows trained would no longer be this one's. The run ends at train.max_steps."""
         if self.started and self.resumed is None:
-            self.epoch += 1  # a new pass: the Trainer asks again after the stream ran out
+            self.epoch += 1  # iterated again from the start: the next pass
         self.started = True
+        while True:
+            before = self.rows
+            yield from self._pass()
+            if self.rows == before:
+                raise DataError("the stream gave no training row in a whole pass; check "
+                                "the sources (every row dropped, or no rows at all)")
+            self.epoch += 1
+
+    def _pass(self) -> Iterator[dict[str, Any]]:
         stream, skip = self.make(self.epoch), 0
         if self.resumed is not None:
             if self.resumed["stream"] is not None:
@@ -190,8 +202,6 @@ class StreamRows(torch.utils.data.IterableDataset):
                 self.rows += 1
                 yield rows[place]
             skip = 0
-        self.states.append((self.rows, {"epoch": self.epoch + 1, "rows": self.rows,
-                                        "stream": None, "skip": 0}))
 
     def _encoded(self, pending: Iterator[tuple[dict[str, Any], list]]
                  ) -> Iterator[tuple[dict[str, Any], list]]:
@@ -217,7 +227,7 @@ class StreamRows(torch.utils.data.IterableDataset):
 
     def state_before(self, row: int) -> dict[str, Any]:
         """Where row `row` (counted from the run's start) is read from: its pass, the count,
-        the stream's state before its chunk (None: the pass's start) and its place there."""
+        the stream's state before its chunk and its place there."""
         for number, state in reversed(self.states):
             if number == row:
                 return state

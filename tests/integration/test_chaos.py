@@ -11,10 +11,11 @@ room to be caught in a save: at 40 a fresh-clone CI run finished first, measured
 2026-12-06), and the final model's logits must
 equal an uninterrupted run's (atol 1e-5; fp32 ddp on CPU resumes bitwise, so the measured
 difference is 0). `make test`'s run is the tiny mixture of experts (ddp's MoE run: the
-router's loss joins each step's and is logged beside it) on the mixture preset streamed
-(dataset.streaming, blocks of 256 rows): each relaunch reads on from the row its checkpoint
-recorded (launcher/data/stream.py), so the final logits equal the reference's only if the
-stream resumed exactly; `make test-full`'s the tiny Llama on the bundled sums, up front.
+router's loss joins each step's and is logged beside it) on a two-source mixture streamed
+(dataset.streaming, blocks of 64 rows, passes of ~400 rows: the run reads two): each
+relaunch reads on from the row its checkpoint recorded (launcher/data/stream.py), so the
+final logits equal the reference's only if the stream resumed exactly, passes included;
+`make test-full`'s the tiny Llama on the bundled sums, up front.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import MIXTURE, MOE, assert_router_loss_logged
+from runs import MOE, assert_router_loss_logged
 
 from launcher.config.compose import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
-STREAMED = (*MIXTURE, "dataset.streaming=true", "dataset.shuffle_buffer=256")
+STREAMED = ("dataset.sources=[{path:data/arith/eval.jsonl,weight:1},"
+            "{path:data/mix/chat.jsonl,format:chat,weight:1}]",
+            "dataset.streaming=true", "dataset.shuffle_buffer=64")
+"""Two sources drawn 1:1 until the 200 sums run out: a pass of ~400 rows, so the 800 rows
+of 100 steps of 8 cross passes (each pass in its own block order)."""
 
 
 @pytest.mark.parametrize(("rounds", "max_steps", "model"), [
