@@ -341,8 +341,10 @@ def rank_datasets(
     if rank == 0:
         prepared = ensure_prepared(cfg, directory, tokenizer, progress=False, builder="rank 0")
         done = "found" if prepared.cached else "tokenized"
-        print(f"[ftl] rank 0: {done} {prepared.rows} rows, {prepared.tokens} tokens "
-              f"in {directory}", flush=True)
+        what = (f"streaming ~{prepared.rows} rows, ~{prepared.tokens} tokens a pass (estimated; "
+                f"{done} {directory})" if prepared.streamed else
+                f"{done} {prepared.rows} rows, {prepared.tokens} tokens in {directory}")
+        print(f"[ftl] rank 0: {what}", flush=True)
     else:
         prepared = wait_for(directory, cfg.dataset.wait_timeout_s,
                             failed=lambda: _last_line(rank0_error))

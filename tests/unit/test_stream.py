@@ -163,3 +163,27 @@ def test_what_a_stream_cannot_do_is_refused_before_launch(tmp_path: Path,
                             "train.max_steps=4", f"run.output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="preference pairs are tokenized up front"):
         validate(pairs, "preprocess")
+
+
+def test_a_checkpoint_without_a_stream_position_is_not_resumed_as_a_stream(
+        tmp_path: Path) -> None:
+    from launcher.errors import DataError
+    from launcher.rank.worker import continue_stream
+    from launcher.rundir import write_stream_state
+
+    class Rows:
+        loaded: dict | None = None
+
+        def load(self, state: dict) -> None:
+            self.loaded = state
+
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    with pytest.raises(DataError, match="holds no stream position .*resume it without "
+                                        "dataset.streaming"):
+        continue_stream(Rows(), checkpoint)
+    state = {"epoch": 1, "rows": 64, "stream": {"any": 1}, "skip": 3}
+    write_stream_state(checkpoint, state)
+    rows = Rows()
+    continue_stream(rows, checkpoint)
+    assert rows.loaded == state
