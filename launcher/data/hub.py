@@ -20,6 +20,8 @@ from launcher.errors import DataError
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from launcher.config.schema import DatasetConfig, SourceConfig
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_LOADERS: dict[str, str] = {
     ".json": "json",
@@ -38,6 +40,11 @@ class Coordinates:
     subset: str = ""
     split: str = "train"
     revision: str = ""
+
+    @classmethod
+    def of(cls, entry: DatasetConfig | SourceConfig) -> Coordinates:
+        """A dataset section's or a mixture source's (both have subset, split, revision)."""
+        return cls(entry.subset, entry.split, entry.revision)
 
     def shown(self, dataset_id: str) -> str:
         """As load_dataset is called (for messages and the fetch command)."""

@@ -64,7 +64,7 @@ def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None,
     dataset id (the split `where` names), checked for the columns `fmt` needs."""
     local = Path(local_or_as_is(path))
     if local.is_file():
-        records, source = _load_local(local), str(local)
+        records, source = load_local(local), str(local)
     elif local.is_dir() or is_hub_id(path):
         records, source = load_hub(path, where), path
     else:
@@ -78,7 +78,8 @@ def load_records(path: str, fmt: str, renames: Mapping[str, str] | None = None,
     return records
 
 
-def _load_local(path: Path) -> Dataset:
+def load_local(path: Path, streaming: bool = False) -> Any:
+    """A local file's rows: a Dataset, or read lazily (an IterableDataset) with `streaming`."""
     from datasets import load_dataset
 
     builder = LOCAL_LOADERS.get(path.suffix.lower())
@@ -90,7 +91,8 @@ def _load_local(path: Path) -> Dataset:
     # keep_default_na=False: an empty CSV cell (alpaca's optional input) reads as "".
     kwargs: dict[str, Any] = {"keep_default_na": False} if builder == "csv" else {}
     try:
-        return load_dataset(builder, data_files=str(path), split="train", **kwargs)
+        return load_dataset(builder, data_files=str(path), split="train", streaming=streaming,
+                            **kwargs)
     except Exception as exc:  # datasets raises many types for a malformed file
         raise DataError(f"{path}: cannot be read as {builder}: {exc}") from exc
 
@@ -114,7 +116,7 @@ def split_records(cfg: RunConfig) -> tuple[Dataset, Dataset | None, str]:
     data = cfg.dataset
     renames = asdict(data.columns)
     records = load_records(data.path, data.format, renames,
-                           Coordinates(data.subset, data.split, data.revision))
+                           Coordinates.of(data))
     if data.eval_path:
         return records, load_records(data.eval_path, data.format, renames), data.path
     if data.eval_fraction <= 0:
@@ -148,7 +150,7 @@ def eval_records(cfg: RunConfig) -> list[tuple[RunConfig, Dataset, str]]:
         return [(reader, load_records(data.eval_path, data.format, asdict(data.columns)),
                  data.eval_path)]
     parts = []
-    for one in mixture.source_configs(cfg) if data.sources else [cfg]:
+    for one in mixture.parts(cfg):
         _, evaluation, source = split_records(one)
         if evaluation is not None:
             parts.append((one, evaluation, source))

@@ -11,7 +11,7 @@ import copy
 import random
 from dataclasses import asdict
 from pathlib import PurePath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.schema import ColumnsConfig, SourceConfig
 
@@ -36,6 +36,29 @@ def formats(cfg: RunConfig) -> set[str]:
     """The row formats the run reads: each source's, else dataset.format."""
     data = cfg.dataset
     return {source.format or data.format for source in data.sources} or {data.format}
+
+
+def parts(cfg: RunConfig) -> list[RunConfig]:
+    """Each source as a one-dataset RunConfig; one dataset: cfg itself."""
+    return source_configs(cfg) if cfg.dataset.sources else [cfg]
+
+
+def shares(cfg: RunConfig) -> list[float]:
+    """Each source's share of the draw, from the weights; one dataset: [1.0]."""
+    weights = [source.weight for source in cfg.dataset.sources] or [1.0]
+    return [weight / sum(weights) for weight in weights]
+
+
+def source_figures(cfg: RunConfig, rows: list[int], tokens: list[int], drawn: list[int],
+                   drawn_shares: list[float]) -> list[dict[str, Any]]:
+    """`Prepared.sources`: each source's name, path, revision, weight and share, its own
+    rows and tokens, and its examples in the mixture; empty for one dataset."""
+    return [{"name": label(source), "path": source.path, "revision": source.revision,
+             "weight": source.weight, "share": round(share, 4), "rows": n_rows,
+             "tokens": n_tokens, "drawn": n_drawn, "drawn_share": round(drawn_share, 4)}
+            for source, share, n_rows, n_tokens, n_drawn, drawn_share in zip(
+                cfg.dataset.sources, shares(cfg), rows, tokens, drawn, drawn_shares,
+                strict=False)]
 
 
 def source_config(cfg: RunConfig, index: int) -> RunConfig:

@@ -283,14 +283,10 @@ def _mixed(cfg: RunConfig, staging: Path, directory: Path, parts: list[Prepared]
 
 
 def _drawn(cfg: RunConfig, parts: list[Prepared], drawn: list[int]) -> list[dict[str, Any]]:
-    total_weight = sum(source.weight for source in cfg.dataset.sources)
     counts = [drawn.count(index) for index in range(len(parts))]
-    return [{"name": name, "path": source.path, "revision": source.revision,
-             "weight": source.weight, "share": round(source.weight / total_weight, 4),
-             "rows": part.rows, "tokens": part.tokens, "drawn": count,
-             "drawn_share": round(count / max(1, len(drawn)), 4)}
-            for name, source, part, count in zip(mixture.labels(cfg), cfg.dataset.sources,
-                                                 parts, counts, strict=True)]
+    return mixture.source_figures(cfg, [part.rows for part in parts],
+                                  [part.tokens for part in parts], counts,
+                                  [count / max(1, len(drawn)) for count in counts])
 
 
 def _figures(cfg: RunConfig, directory: Path, train: Dataset, has_eval: bool) -> Prepared:

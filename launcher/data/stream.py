@@ -35,8 +35,8 @@ from datasets import Features, Value
 from launcher.config.compose import local_or_as_is
 from launcher.data import mixture
 from launcher.data.chunks import ChunkEncoder, encode_installed, install
-from launcher.data.hub import LOCAL_LOADERS, Coordinates, load_hub
-from launcher.data.loading import PACK_BATCH_ROWS, encoder_for
+from launcher.data.hub import Coordinates, load_hub
+from launcher.data.loading import PACK_BATCH_ROWS, encoder_for, load_local
 from launcher.errors import DataError
 
 if TYPE_CHECKING:
@@ -54,30 +54,23 @@ two per rank) is far below this."""
 
 def raw_rows(cfg: RunConfig) -> IterableDataset:
     """cfg.dataset.path's rows, read lazily."""
-    from datasets import load_dataset
-
     data = cfg.dataset
     local = Path(local_or_as_is(data.path))
     if not local.is_file():  # a hub id or a saved dataset: its cached Arrow files, mapped
-        where = Coordinates(data.subset, data.split, data.revision)
-        return load_hub(data.path, where).to_iterable_dataset()
-    builder = LOCAL_LOADERS.get(local.suffix.lower())
-    if builder is None:
-        raise DataError(f"{local}: unsupported file type {local.suffix!r}; convert it to one "
-                        f"of {', '.join(LOCAL_LOADERS)}")
-    kwargs: dict[str, Any] = {"keep_default_na": False} if builder == "csv" else {}
-    return load_dataset(builder, data_files=str(local), split="train", streaming=True, **kwargs)
+        return load_hub(data.path, Coordinates.of(data)).to_iterable_dataset()
+    return load_local(local, streaming=True)
 
 
-def columns_of(cfg: RunConfig) -> list[str]:
-    rows = raw_rows(cfg)
+def columns_of(rows: IterableDataset) -> list[str]:
+    """A stream's columns (a JSON Lines reader knows them only from its first row)."""
     return list(rows.column_names or next(iter(rows.take(1)), {}))
 
 
 def tagged_source(cfg: RunConfig, index: int, label: str, epoch: int) -> IterableDataset:
     """One source's rows (a one-dataset RunConfig), block-shuffled, each as (its index, its
     JSON text): cheap, nothing is tokenized yet."""
-    rows, columns = raw_rows(cfg), columns_of(cfg)
+    rows = raw_rows(cfg)
+    columns = columns_of(rows)
     block = cfg.dataset.shuffle_buffer
     if block > 1:
         rows = rows.map(shuffled_block(f"{cfg.train.seed}-{label}-{epoch}"), batched=True,
@@ -110,15 +103,14 @@ def drawn_rows(cfg: RunConfig, epoch: int = 0) -> IterableDataset:
         return tagged_source(cfg, 0, data.name, epoch)
     parts = [tagged_source(one, index, name, epoch) for index, (one, name) in
              enumerate(zip(mixture.source_configs(cfg), mixture.labels(cfg), strict=True))]
-    total = sum(source.weight for source in data.sources)
     return interleave_datasets(
-        parts, probabilities=[source.weight / total for source in data.sources],
-        seed=cfg.train.seed, stopping_strategy=mixture.EXHAUSTED[data.exhausted])  # type: ignore[arg-type]
+        parts, probabilities=mixture.shares(cfg), seed=cfg.train.seed,
+        stopping_strategy=mixture.EXHAUSTED[data.exhausted])  # type: ignore[arg-type]
 
 
 def chunk_encoder(cfg: RunConfig, tokenizer: Any) -> ChunkEncoder:
-    configs = mixture.source_configs(cfg) if cfg.dataset.sources else [cfg]
-    return ChunkEncoder([encoder_for(one, tokenizer, columns_of(one)) for one in configs],
+    return ChunkEncoder([encoder_for(one, tokenizer, columns_of(raw_rows(one)))
+                         for one in mixture.parts(cfg)],
                         cfg.dataset.packing, cfg.dataset.max_length)
 
 
@@ -170,9 +162,6 @@ class StreamRows(torch.utils.data.IterableDataset):
         """Continue from a checkpoint's `state_before`."""
         self.epoch, self.rows = int(state["epoch"]), int(state["rows"])
         self.resumed = dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Passes are this object's own: the Trainer sees one endless epoch."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Pass after pass, never ending: a pass that ended inside a global batch would let
@@ -246,8 +235,7 @@ def source_rows(cfg: RunConfig) -> int:
     than the sample; else its size over the mean size of its first SAMPLE_ROWS lines."""
     local = Path(local_or_as_is(cfg.dataset.path))
     if not local.is_file():
-        data = cfg.dataset
-        return len(load_hub(data.path, Coordinates(data.subset, data.split, data.revision)))
+        return len(load_hub(cfg.dataset.path, Coordinates.of(cfg.dataset)))
     if local.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
@@ -265,8 +253,9 @@ def sampled_source(cfg: RunConfig, tokenizer: Any) -> dict[str, Any]:
     """One source's estimated rows, tokens and trained tokens, and its encoded sample."""
     from launcher.data.encode import IGNORE_INDEX
 
-    head = [(0, json.dumps(row, default=str)) for row in raw_rows(cfg).take(SAMPLE_ROWS)]
-    encode = ChunkEncoder([encoder_for(cfg, tokenizer, columns_of(cfg))], False,
+    rows = raw_rows(cfg)
+    head = [(0, json.dumps(row, default=str)) for row in rows.take(SAMPLE_ROWS)]
+    encode = ChunkEncoder([encoder_for(cfg, tokenizer, columns_of(rows))], False,
                           cfg.dataset.max_length)
     sample = encode(head)
     if not sample:
@@ -284,11 +273,8 @@ def estimate(cfg: RunConfig, tokenizer: Any) -> dict[str, Any]:
     rows (packed, with dataset.packing), tokens, trained tokens, fill, and per source the
     examples it gives to the pass under dataset.exhausted's rule."""
     data = cfg.dataset
-    configs = mixture.source_configs(cfg) if data.sources else [cfg]
-    names = mixture.labels(cfg) if data.sources else [data.name]
-    weights = [source.weight for source in data.sources] or [1.0]
-    sampled = [sampled_source(one, tokenizer) for one in configs]
-    shares = [weight / sum(weights) for weight in weights]
+    sampled = [sampled_source(one, tokenizer) for one in mixture.parts(cfg)]
+    shares = mixture.shares(cfg)
     passes = [part["rows"] / share for part, share in zip(sampled, shares, strict=True)]
     total = min(passes) if data.exhausted == "stop" else max(passes)
     drawn = [min(part["rows"], round(total * share)) if data.exhausted == "stop"
@@ -299,11 +285,8 @@ def estimate(cfg: RunConfig, tokenizer: Any) -> dict[str, Any]:
                   for n, part in zip(drawn, sampled, strict=True))
     fill = _sample_fill(cfg, [row for part in sampled for row in part["sample"]])
     rows = round(tokens / (fill * data.max_length)) if data.packing else sum(drawn)
-    sources = [{"name": name, "path": source.path, "revision": source.revision,
-                "weight": source.weight, "share": round(share, 4), "rows": part["rows"],
-                "tokens": part["tokens"], "drawn": n, "drawn_share": round(share, 4)}
-               for name, source, part, share, n in zip(names, data.sources, sampled, shares, drawn,
-                                                       strict=False)]
+    sources = mixture.source_figures(cfg, [part["rows"] for part in sampled],
+                                     [part["tokens"] for part in sampled], drawn, shares)
     return {"rows": rows, "tokens": tokens, "trained_tokens": trained,
             "fill": round(fill if data.packing else tokens / (rows * data.max_length), 4),
             "sources": sources}

@@ -139,7 +139,7 @@ def hub_problems(cfg: RunConfig) -> list[str]:
         return []
     offline, problems = not hub_reachable(), []
     for key, entry in hub:
-        where = Coordinates(entry.subset, entry.split, entry.revision)
+        where = Coordinates.of(entry)
         try:
             entry.revision = pinned_revision(entry.path, where, offline)
         except DataError as error:
