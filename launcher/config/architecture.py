@@ -89,6 +89,17 @@ def router_params(model: ModelConfig) -> int:
     return model.hidden_size * model.num_experts
 
 
+def expert_parameter_shapes(model: ModelConfig) -> dict[str, tuple[int, int, int]]:
+    """(experts, in, out) of each parameter of one MoE layer that peft's all-linear adapts
+    as a parameter, not as an nn.Linear (its ParamWrapper, named as peft's
+    target_parameters): the experts' gate_up_proj and down_proj, the router's weight.
+    {} for a dense model."""
+    if not is_moe(model):
+        return {}
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    return {"gate_up_proj": (e, h, 2 * i), "down_proj": (e, i, h), "gate.weight": (1, h, e)}
+
+
 def layer_params(model: ModelConfig) -> int:
     """Every parameter of one decoder layer: linears, biases, norms, experts and router."""
     h, arch = model.hidden_size, model.architecture

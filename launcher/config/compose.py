@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.config.architecture import is_moe
 from launcher.config.schema import GROUPS, RunConfig
 from launcher.errors import ConfigError
 
@@ -49,7 +50,8 @@ def compose_config(overrides: list[str]) -> RunConfig:
     run_config = to_run_config(compose_dict(overrides))
     for notice in (own_eval_set(run_config, overrides),
                    stream_held_out_off(run_config, overrides),
-                   preset_evaluation_off(run_config, overrides)):
+                   preset_evaluation_off(run_config, overrides),
+                   expert_lora_dropout_off(run_config, overrides)):
         if notice:
             print(f"ftl: {notice}", file=sys.stderr)
     return resolve_paths(run_config, Path.cwd())
@@ -94,6 +96,21 @@ def stream_held_out_off(cfg: RunConfig, overrides: list[str]) -> str | None:
     return (f"dataset.streaming: the preset's dataset.eval_fraction={was:g} turned off (a "
             "stream's share cannot be held out before it is read); set "
             "dataset.eval_path=FILE to evaluate.")
+
+
+def expert_lora_dropout_off(cfg: RunConfig, overrides: list[str]) -> str | None:
+    """LoRA with all-linear on a mixture of experts: peft adapts the experts' 3-D weights
+    and the router as parameters, which take no dropout, so the peft preset's dropout
+    turns off (one the user typed stays, for validation/moe.py to refuse with its fix).
+    The notice; None: nothing changed."""
+    peft = cfg.peft
+    given = {override_key(override) for override in overrides}
+    if (peft.name == "none" or not is_moe(cfg.model) or "all-linear" not in peft.target_modules
+            or peft.dropout == 0 or "peft.dropout" in given):
+        return None
+    was, peft.dropout = peft.dropout, 0.0
+    return (f"peft.target_modules=[all-linear] on model={cfg.model.name} adapts its experts "
+            f"and router, which take no dropout: the preset's peft.dropout={was:g} turned off.")
 
 
 EVALUATION = {"train.eval_steps": 0, "train.eval_on_start": False, "train.show_examples": 0}

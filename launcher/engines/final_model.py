@@ -5,7 +5,9 @@ Imported on the ranks only, when the run ends."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,8 @@ def save_merged_peft_model(
         scaling = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
         quantized = getattr(base_model, "is_loaded_in_4bit", False)
         base = _read_safetensors(Path(base_path)) if quantized else None
-        merged = merge_lora_state_dict(state_dict, scaling, base, copy=not gathered)
+        merged = merge_lora_state_dict(state_dict, scaling, base, copy=not gathered,
+                                       wrapped=wrapped_parameters(peft_model))
         save_file(merged, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
         config = base_model.config
         if quantized:
@@ -56,23 +59,52 @@ def _read_safetensors(model_path: Path) -> dict[str, Any]:
 
 
 LORA_A, LORA_B = ".lora_A.default.weight", ".lora_B.default.weight"
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class WrappedParameter:
+    """A parameter peft adapts in place of a module (its ParamWrapper: an MoE layer's 3-D
+    experts weights, its router): which parameter, over how many experts, and whether
+    the parameter is held (experts, out, in), as transformers 5's fused experts are, and
+    its own scaling (peft gives the fused gate_up_proj rank and alpha 2x the config's)."""
+
+    name: str
+    experts: int
+    out_first: bool
+    scaling: float
+
+
+def wrapped_parameters(peft_model: Any) -> dict[str, WrappedParameter]:
+    """Each ParamWrapper's module name (a prefix of its lora_A/lora_B keys) -> what it
+    adapts. Read from the modules' attributes, so it holds under ZeRO-3 (their tensors
+    partitioned) as well."""
+    return {
+        name: WrappedParameter(module.parameter_name, module.num_experts,
+                               module._did_swap_in_out_features, module.scaling["default"])
+        for name, module in peft_model.named_modules()
+        if type(module).__name__ == "ParamWrapper"
+    }
+
+
+def plain_name(key: str) -> str:
+    """A peft key's name in the base model: no prefix, no (nested) base_layer."""
+    return re.sub(r"\.base_layer(?=\.|$)", "", key.removeprefix(PEFT_PREFIX))
 
 
 def merge_lora_state_dict(
     state_dict: dict[str, Any], scaling: float, base: dict[str, Any] | None = None,
-    copy: bool = True,
+    copy: bool = True, wrapped: dict[str, WrappedParameter] | None = None,
 ) -> dict[str, Any]:
     """PEFT LoRA state dict -> the base model's weights with W + scaling * B @ A.
     `base`: the base weights by their plain names; default: the (unquantized) base layers
     in `state_dict`. Each weight is merged in place; `copy=False` when the base tensors are
     host tensors no one else uses (a gathered state dict), so no second copy of the base is
-    made first (rank 0 held the gathered base twice: ~13 GiB more for a 7B bf16 base)."""
+    made first (rank 0 held the gathered base twice: ~13 GiB more for a 7B bf16 base).
+    `wrapped` (wrapped_parameters): adapters of parameters rather than nn.Linear layers."""
     if base is None:
-        base = {
-            key.removeprefix("base_model.model.").replace(".base_layer.", "."): value
-            for key, value in state_dict.items()
-            if ".lora_" not in key
-        }
+        base = {plain_name(key): value for key, value in state_dict.items()
+                if ".lora_" not in key}
     merged: dict[str, Any] = {}
     for name, value in base.items():  # one at a time: a copied base is never held twice
         host = value.detach().cpu().contiguous()
@@ -81,12 +113,29 @@ def merge_lora_state_dict(
         if not key.endswith(LORA_A):
             continue
         prefix = key.removesuffix(LORA_A)
-        b = state_dict[prefix + LORA_B]
-        name = prefix.removeprefix("base_model.model.") + ".weight"
+        a, b = a.detach().cpu().float(), state_dict[prefix + LORA_B].detach().cpu().float()
+        target = (wrapped or {}).get(prefix)
+        if target is None:
+            name, delta = plain_name(prefix) + ".weight", scaling * (b @ a)
+        else:
+            name = f"{plain_name(prefix)}.{target.name}"
+            delta = target.scaling * expert_delta(a, b, target)
         weight = merged[name]
-        delta = scaling * (b.detach().cpu().float() @ a.detach().cpu().float())
         weight.copy_((weight.float() + delta).to(weight.dtype))  # in place: no second base
     return merged
+
+
+def expert_delta(a: Any, b: Any, target: WrappedParameter) -> Any:
+    """B @ A of a ParamWrapper, per expert, in the parameter's layout: peft 0.21 holds
+    lora_A as (experts x r, in) and lora_B as (out, r x experts) (its get_delta_weight;
+    tests/unit/test_moe.py checks the merge against peft's own merge_and_unload)."""
+    import torch
+
+    if target.experts == 1:
+        return b @ a
+    a = a.reshape(target.experts, -1, a.shape[-1])  # experts, r, in
+    b = b.reshape(b.shape[0], -1, target.experts)  # out, r, experts
+    return torch.einsum("ore,eri->eoi" if target.out_first else "ore,eri->eio", b, a)
 
 
 def has_weights(model_dir: Path) -> bool:

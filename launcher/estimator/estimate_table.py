@@ -12,7 +12,7 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.estimator.estimate import Estimate
-from launcher.estimator.flops import lora_coverage, run_flops_factor
+from launcher.estimator.flops import expert_gradient_params, lora_coverage, run_flops_factor
 from launcher.estimator.memory import FIT_FRACTION, GIB, micro_sequences, rank_sequence
 
 
@@ -146,10 +146,12 @@ def _compute_line(cfg: RunConfig, est: Estimate) -> str:
     if est.tokens is None or est.flops is None:
         return ("compute: unknown - the token count is not known; set dataset.num_tokens "
                 "(tokens per epoch) or train.max_steps")
-    factor = run_flops_factor(cfg)
+    factor, grads = run_flops_factor(cfg), expert_gradient_params(cfg)
+    # the adapted experts' and router's weight gradients (flops.expert_gradient_params)
+    factor_text = f"{factor}PD + 2 x {_count(grads)} x D" if grads else f"{factor}PD"
     what = " of chosen + rejected sequences" if is_dpo(cfg) else ""
     ref = ", the reference forward included" if is_dpo(cfg) else ""
-    return (f"compute: {est.tokens:.3g} tokens{what}, {est.flops:.3g} FLOPs ({factor}PD{ref}), "
+    return (f"compute: {est.tokens:.3g} tokens{what}, {est.flops:.3g} FLOPs ({factor_text}{ref}), "
             f"{_duration(est.est_seconds)} at MFU {cfg.train.mfu:g} = {est.gpu_hours:.3g} "
             "GPU-hours (same MFU for every row)")
 

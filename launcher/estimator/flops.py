@@ -22,8 +22,11 @@ from __future__ import annotations
 from launcher.config.architecture import (
     active_params,
     count_params,
+    expert_parameter_shapes,
     is_moe,
     linear_shapes,
+    one_expert_params,
+    router_params,
 )
 from launcher.config.hardware import GpuPreset, gpu_preset
 from launcher.config.objectives import is_dpo, sequences_per_row
@@ -38,32 +41,61 @@ def all_linear(cfg: RunConfig) -> bool:
 def lora_targets(cfg: RunConfig) -> list[str]:
     """The decoder nn.Linear layers LoRA adapts: peft.target_modules ("all-linear": every
     one, architecture.linear_shapes: seven in a dense layer; an MoE layer's four attention
-    projections, the only names validation admits there)."""
+    projections, its other nn.Linear names refused by validation)."""
     wanted = cfg.peft.target_modules
     return [t for t in linear_shapes(cfg.model) if all_linear(cfg) or t in wanted]
 
 
+def adapts_experts(cfg: RunConfig) -> bool:
+    """LoRA with all-linear on an MoE model: peft adapts the experts' 3-D weights and the
+    router as parameters too (architecture.expert_parameter_shapes)."""
+    return cfg.peft.name != "none" and is_moe(cfg.model) and all_linear(cfg)
+
+
+FUSED_RANK = {"gate_up_proj": 2}
+"""Rank multiples peft 0.21 gives adapted expert weights: gate and up fused in one weight
+get rank 2r (its rank_pattern, alpha doubled too), r for each half."""
+
+
 def adapter_params(cfg: RunConfig) -> int:
     """LoRA adapter parameters: r*(in+out) per targeted linear per layer (measured: 1,048,576
-    on the 102M Llama with q/k/v/o, r 16: the model's parameters grew by exactly that; on
-    the tiny MoE, what peft adds: tests/unit/test_moe.py)."""
+    on the 102M Llama with q/k/v/o, r 16: the model's parameters grew by exactly that), and
+    r*experts*(in+out) per adapted MoE parameter (peft's ParamWrapper gives each expert its
+    own pair, FUSED_RANK; tests/unit/test_moe.py: what peft adds)."""
     if cfg.peft.name == "none":
         return 0
-    shapes = linear_shapes(cfg.model)
-    per_layer = sum(cfg.peft.r * sum(shapes[t]) for t in lora_targets(cfg))
+    r, shapes = cfg.peft.r, linear_shapes(cfg.model)
+    per_layer = sum(r * sum(shapes[t]) for t in lora_targets(cfg))
+    if adapts_experts(cfg):
+        per_layer += sum(r * FUSED_RANK.get(name, 1) * e * (i + o)
+                         for name, (e, i, o) in expert_parameter_shapes(cfg.model).items())
     return cfg.model.num_layers * per_layer
 
 
 def lora_coverage(cfg: RunConfig) -> str:
     """What LoRA adapts in an MoE model, in one line (the estimate prints it); "" without
     LoRA or experts. transformers 5 holds a layer's experts as 3-D parameters and its
-    router as no nn.Linear: LoRA on nn.Linear reaches attention only
-    (validation/moe.py says why all-linear is refused)."""
+    router as no nn.Linear: named targets reach attention only; all-linear reaches the
+    experts and the router as parameters too, without dropout (peft's ParamWrapper)."""
     m = cfg.model
     if cfg.peft.name == "none" or not is_moe(m):
         return ""
-    return (f"{cfg.peft.name} on {m.architecture}: adapters on {', '.join(lora_targets(cfg))}"
-            f" only; the {m.num_experts} experts of each layer and its router stay frozen")
+    adapted = f"{cfg.peft.name} on {m.architecture}: adapters on {', '.join(lora_targets(cfg))}"
+    if adapts_experts(cfg):
+        return (f"{adapted}, each of the {m.num_experts} experts' gate_up_proj and "
+                "down_proj and the router (all-linear; no dropout)")
+    return f"{adapted} only; the {m.num_experts} experts of each layer and its router stay frozen"
+
+
+def expert_gradient_params(cfg: RunConfig) -> int:
+    """Active parameters whose weight gradient a LoRA run still computes: with the experts
+    adapted, peft runs each expert on W + scaling x B @ A and the backward forms that
+    weight's whole gradient (for the experts a token reaches and the router), so these
+    cost 6 FLOPs per token, not a frozen base's 4; 0 otherwise."""
+    if not adapts_experts(cfg):
+        return 0
+    m = cfg.model
+    return m.num_layers * (m.experts_per_token * one_expert_params(m) + router_params(m))
 
 
 def trainable_params(cfg: RunConfig) -> int:
@@ -115,7 +147,8 @@ def training_flops(
 
 def run_flops(cfg: RunConfig, tokens: int) -> float:
     """C for `tokens` tokens of this run, recomputation included (what the clock pays for)."""
-    return float(run_flops_factor(cfg)) * active_params(cfg.model) * tokens
+    per_token = run_flops_factor(cfg) * active_params(cfg.model) + 2 * expert_gradient_params(cfg)
+    return float(per_token) * tokens
 
 
 def flops_per_token(cfg: RunConfig) -> float:
@@ -129,7 +162,7 @@ def flops_per_token(cfg: RunConfig) -> float:
     """
     reference = is_dpo(cfg) and not cfg.objective.precompute_ref_log_probs
     return training_flops(active_params(cfg.model), 1, frozen_base=cfg.peft.name != "none",
-                          reference=reference)
+                          reference=reference) + 2.0 * expert_gradient_params(cfg)
 
 
 def peak_flops(preset: GpuPreset, precision: str) -> float:

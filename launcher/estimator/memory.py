@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from launcher.config.architecture import (
     count_params,
+    expert_params,
     is_moe,
     kv_width,
     largest_layer_params,
     layer_linear_params,
     query_width,
     rank_params,
+    router_params,
 )
 from launcher.config.hardware import gpu_preset
 from launcher.config.objectives import has_reference_model, is_dpo, sequences_per_row
@@ -26,7 +28,7 @@ from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.engines.peak_terms import Split, reference_weights
-from launcher.estimator.flops import adapter_params, lora_targets
+from launcher.estimator.flops import adapter_params, adapts_experts, lora_targets
 
 GIB = 1024**3
 
@@ -323,26 +325,45 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
     layers the final norm's input (h) and the logits. Without dropout (peft's Identity)
     lora_A keeps its input, once per distinct input. Gradient checkpointing: each layer
     keeps its input, as in activation_bytes (derived). Only one shape was measured. An MoE
-    layer's frozen experts: mlp_activation_elements(frozen)."""
+    layer's frozen experts: mlp_activation_elements(frozen); adapted ones (all-linear, no
+    dropout): expert_lora_bytes."""
     if cfg.train.gradient_checkpointing:
-        return activation_bytes(cfg)
+        return activation_bytes(cfg) + expert_lora_bytes(cfg)
     model = cfg.model
     s, b, h, r = cfg.dataset.max_length, micro_sequences(cfg), model.hidden_size, cfg.peft.r
     e = param_bytes(cfg.precision.name)
     mask = e if gpu_preset(cfg.cluster.gpu).is_cpu else 1
     q, kv = query_width(model), kv_width(model)
     widths = {"attn_in": h, "attn_out": q, "mlp_in": h, "mlp_mid": model.intermediate_size}
-    targets = lora_targets(cfg)
-    frozen_mlp = mlp_activation_elements(model, frozen=True)
-    layer = e * (2 * h + 2 * q + 2 * kv + frozen_mlp + r * len(targets))
+    targets, experts = lora_targets(cfg), adapts_experts(cfg)
+    mlp = mlp_activation_elements(model, frozen=not experts)
+    layer = e * (2 * h + 2 * q + 2 * kv + mlp + r * len(targets))
     if cfg.peft.dropout > 0:
         layer += sum((e + mask) * widths[LORA_INPUT[t]] for t in targets)
         first = layer - e * h - sum(mask * h for t in targets if LORA_INPUT[t] == "attn_in")
-    else:  # lora_A keeps its input itself, one per distinct input tensor
-        layer += sum(e * widths[i] for i in {LORA_INPUT[t] for t in targets})
+    else:  # lora_A keeps its input itself, one per distinct input tensor; adapted experts
+        # and router keep theirs (the MLP norm's output) for their weights' gradients
+        inputs = {LORA_INPUT[t] for t in targets} | ({"mlp_in"} if experts else set())
+        layer += sum(e * widths[i] for i in inputs)
         first = layer - e * h
     layers = (model.num_layers - 1) * layer + first + e * h
-    return s * b * layers + training_logits_bytes(cfg, s)
+    return s * b * layers + training_logits_bytes(cfg, s) + expert_lora_bytes(cfg)
+
+
+def expert_lora_bytes(cfg: RunConfig) -> float:
+    """Adapted experts (flops.adapts_experts): peft runs each MoE layer on its experts' and
+    router's weights with the update added, W + scaling x B @ A, a new tensor of the whole
+    layer's experts that the backward keeps (it forms that weight's gradient), in the
+    compute precision; per layer, whatever the micro batch; one layer at a time under
+    gradient checkpointing. Measured with saved-tensor hooks on the tiny MoE (fp32, 2 x 16
+    tokens; tests/unit/test_moe.py): all-linear keeps these weights and the unfrozen
+    experts' and router's inputs over attention-only LoRA. 0 otherwise."""
+    if not adapts_experts(cfg):
+        return 0.0
+    model = cfg.model
+    layers = 1 if cfg.train.gradient_checkpointing else model.num_layers
+    weights = expert_params(model) + router_params(model)
+    return float(param_bytes(cfg.precision.name) * layers * weights)
 
 
 def recompute_bytes(cfg: RunConfig) -> float:

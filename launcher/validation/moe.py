@@ -90,11 +90,10 @@ def _moe_parallel(cfg: RunConfig) -> list[str]:
 
 
 def _moe_lora(cfg: RunConfig) -> list[str]:
-    """LoRA on transformers 5's MoE layers reaches the attention's nn.Linear by name. peft
-    0.21 maps all-linear onto the experts' 3-D parameters and the router too (its
-    ParamWrapper, without dropout): the tiny MoE trained that way under ddp, zero3 and
-    fsdp, but the merged final model (engines/final_model.py) has no rule for those
-    adapters and the save failed, so it is refused before any step."""
+    """LoRA on transformers 5's MoE layers: named targets reach the attention's nn.Linear
+    only; all-linear also adapts the experts' 3-D weights and the router as parameters
+    (peft 0.21's ParamWrapper), which refuses dropout (a preset's dropout turns off:
+    compose.expert_lora_dropout_off; a typed one is refused here)."""
     peft, m = cfg.peft, cfg.model
     if peft.name == "none" or not is_moe(m):
         return []
@@ -102,13 +101,14 @@ def _moe_lora(cfg: RunConfig) -> list[str]:
     others = [t for t in targets if t not in ATTENTION_TARGETS]
     attention = f"peft.target_modules=[{','.join(ATTENTION_TARGETS)}]"
     return flagged([
-        ("all-linear" in targets,
-         f"peft.target_modules=[{','.join(targets)}] with model={m.name} (a mixture of "
-         "experts): peft maps all-linear onto the experts' 3-D weights and the router, "
-         "adapters ftl cannot merge into model/ yet. Fix: "
-         f"{attention} (the experts and the router stay frozen)."),
+        ("all-linear" in targets and peft.dropout > 0,
+         f"peft.dropout={peft.dropout:g} with peft.target_modules=[all-linear] on model="
+         f"{m.name} (a mixture of experts): peft adapts the experts' 3-D weights and the "
+         "router as parameters, which take no dropout. Fix: peft.dropout=0, or "
+         f"{attention} to keep dropout (the experts and the router then stay frozen)."),
         (others and "all-linear" not in targets,
          f"peft.target_modules=[{','.join(targets)}] with model={m.name} (a mixture of "
          f"experts): {', '.join(others)}: no nn.Linear of that name there (its MLP is "
-         f"experts held as 3-D weights, and a router). Fix: {attention}, or a subset."),
+         f"experts held as 3-D weights, and a router). Fix: {attention}, or a subset; "
+         "peft.target_modules=[all-linear] adapts the experts and the router too."),
     ])

@@ -51,6 +51,9 @@ test_train_strategies.MIXTURE_RUNS names and test_sequence_parallel.py's chain."
 MOE = ("model=tiny-moe",)
 """The tiny mixture of experts (configs/model/tiny-moe.yaml) in place of the tiny Llama:
 the runs test_train_strategies.MOE_RUNS names and test_chaos.py's."""
+EXPERT_LORA = ("model=tiny-moe", "peft.target_modules=[all-linear]")
+"""LoRA on the tiny MoE's experts and router as well as its attention: the ddp LoRA run
+test_train_peft.py and test_eval.py share (and zero3's in `make test-full`)."""
 RUN_TIMEOUT_S = 600
 RUN_TIMES: dict[str, float] = {}
 """name -> wall seconds of each run, printed at the end of the session."""

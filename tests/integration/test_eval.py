@@ -1,8 +1,9 @@
 """`ftl eval` on a model the suite already trained (no training of its own): the LoRA run's
-adapter through the CLI (in process), from another folder, on the bundled task and a user task from
---include-path (files in the run dir, the harness's table), loaded on the base its run
-rebuilds, answers every example exactly as its merged model/ does, scored by a worker of
-eval.processes' `accelerate launch` (one: CPU splits nothing). ftl train's eval.tasks
+adapter (the tiny MoE's, on its experts and router too) through the CLI (in process), from
+another folder, on the bundled task and a user task from --include-path (files in the run
+dir, the harness's table), loaded on the base its run rebuilds, answers every example
+exactly as its merged model/ does, scored by a worker of eval.processes' `accelerate
+launch` (one: CPU splits nothing). ftl train's eval.tasks
 (before and after, >= 90 % on the demo): test_ftl_train.py; under Slurm: test_slurm.py.
 Offline refusals: tests/unit/test_eval_tasks.py."""
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from runs import EVIDENCE, Run, callbacks, describe_failure, write_user_task
+from runs import EVIDENCE, EXPERT_LORA, Run, callbacks, describe_failure, write_user_task
 
 from launcher.cli import main
 from launcher.config.compose import PROJECT_ROOT
@@ -33,7 +34,8 @@ def test_lora_adapter_answers_as_its_merged_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = trained("lora-ddp-torchrun-fp32",  # test_train_peft.py's run: same name, overrides
-                  ["strategy=ddp", "peft=lora", callbacks(*EVIDENCE, "ParamChecksumProbe")])
+                  ["strategy=ddp", "peft=lora", *EXPERT_LORA,
+                   callbacks(*EVIDENCE, "ParamChecksumProbe")])
     assert run.returncode == 0, describe_failure(run)
     tasks = write_user_task(tmp_path)
     monkeypatch.chdir(tmp_path)  # not the project root

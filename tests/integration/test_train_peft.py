@@ -1,7 +1,10 @@
 """peft=lora on 2 CPU ranks under DDP, ZeRO-3 and FSDP2: only the adapters train (every
 base tensor bit-identical before and after, every adapter tensor changed, on each rank's
 own shard), and the saved model/ is the merged model, loadable without peft, with the
-trained model's logits. QLoRA: a 4-bit base that really is 4-bit."""
+trained model's logits. ddp and zero3 train the tiny MoE with all-linear (EXPERT_LORA:
+adapters on the experts' 3-D weights and the router too, merged from their own layout;
+zero3's from the gathered state dict), fsdp the tiny Llama. QLoRA: a 4-bit base that
+really is 4-bit."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import EVIDENCE, Run, callbacks, describe_failure
+from runs import EVIDENCE, EXPERT_LORA, Run, callbacks, describe_failure
 
 from launcher.config.compose import PROJECT_ROOT
 
@@ -33,7 +36,9 @@ def test_lora_trains_adapters_and_saves_a_merged_model(
     trained: Callable[..., Run], strategy: str
 ) -> None:
     probes = callbacks(*EVIDENCE, "ParamChecksumProbe")
-    run = trained(f"lora-{strategy}-torchrun-fp32", [f"strategy={strategy}", "peft=lora", probes])
+    moe = EXPERT_LORA if strategy != "fsdp" else ()
+    run = trained(f"lora-{strategy}-torchrun-fp32",
+                  [f"strategy={strategy}", "peft=lora", *moe, probes])
     assert run.returncode == 0, describe_failure(run)
     result = run.result
     assert result["world_size"] == 2
@@ -43,16 +48,19 @@ def test_lora_trains_adapters_and_saves_a_merged_model(
     # FSDP2 replaces the module's class in place: there is no separate wrapper object.
     assert wrapper["wrapped_class"] == (None if strategy == "fsdp" else wrapped_class)
     assert_only_adapters_changed(run)
-    # Adapters on the attention projections only learn slower than full fine-tuning, but they learn.
+    # Adapters learn slower than full fine-tuning, but they learn.
     assert result["final_eval_loss"] < result["first_eval_loss"] - 0.1, result
 
     model_dir = run.run_dir / "model"
     assert (model_dir / "adapter" / "adapter_config.json").is_file()
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)  # merged: plain Llama weights
-    assert type(model).__name__ == "LlamaForCausalLM"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # merged: plain weights
+    assert type(model).__name__ == ("Qwen3MoeForCausalLM" if moe else "LlamaForCausalLM")
     assert not any("lora" in name for name, _ in model.named_parameters())
+    if moe:  # the experts and the router were adapted, and trained
+        adapted = [n for n, grad in run.probe("checksums", 0)["requires_grad"].items() if grad]
+        assert any(".experts." in n for n in adapted) and any(".gate." in n for n in adapted)
     recorded = run.logits()
     model.eval()
     with torch.no_grad():
