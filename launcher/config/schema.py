@@ -429,7 +429,8 @@ class PeftConfig:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
-    """Decoder linears that get adapters (q/k/v/o_proj, gate/up/down_proj), or ["all-linear"]."""
+    """Decoder linears that get adapters (q/k/v/o_proj, gate/up/down_proj), or ["all-linear"]
+    (on an MoE model also every expert's weights and the router, without dropout)."""
     bits: int = 16
     """Base weights: 16 (lora) or 4 (qlora, NF4); 8-bit bases are refused."""
 
