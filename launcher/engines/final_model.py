@@ -33,8 +33,10 @@ def save_merged_peft_model(
         lora = peft_model.peft_config["default"]
         scaling = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
         quantized = getattr(base_model, "is_loaded_in_4bit", False)
-        base = _read_safetensors(Path(base_path)) if quantized else None
-        merged = merge_lora_state_dict(state_dict, scaling, base, copy=not gathered,
+        base = unquantized_base(base_path) if quantized else None
+        # the unquantized base is ours alone, like a gathered state dict: merged in place
+        merged = merge_lora_state_dict(state_dict, scaling, base,
+                                       copy=not (gathered or quantized),
                                        wrapped=wrapped_parameters(peft_model))
         save_file(merged, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
         config = base_model.config
@@ -49,12 +51,21 @@ def save_merged_peft_model(
     return model_dir
 
 
-def _read_safetensors(model_path: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
+def unquantized_base(model_path: str) -> dict[str, Any]:
+    """The base's weights by the names the model holds, read through transformers, which
+    converts the layout a checkpoint was saved in: transformers 5 saves an MoE layer's
+    fused experts per expert (experts.N.gate_proj, ...), names a raw read of the files
+    would not find in the model (measured: QLoRA on the tiny MoE's experts failed on
+    model.layers.0.mlp.experts.gate_up_proj). A hub id loads from its cache too."""
+    from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto")
     state: dict[str, Any] = {}
-    for shard in sorted(model_path.glob("*.safetensors")):
-        state.update(load_file(str(shard)))
+    storages: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in storages:  # a tied weight once, as save_pretrained does
+            storages.add(tensor.data_ptr())
+            state[name] = tensor
     return state
 
 

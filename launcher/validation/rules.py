@@ -9,7 +9,7 @@ from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
 
-from launcher.config.architecture import kv_width
+from launcher.config.architecture import is_moe, kv_width
 from launcher.config.hardware import GPU_PRESETS
 from launcher.config.objectives import OBJECTIVES
 from launcher.config.report_to import name_problems as tracker_names
@@ -253,8 +253,9 @@ def _qlora_on_cpu(cfg: RunConfig) -> list[str]:
         return []
     model = cfg.model
     sizes = {"model.hidden_size": model.hidden_size,
-             "model.intermediate_size": model.intermediate_size,
              "model.num_kv_heads x head size": kv_width(model)}
+    if not is_moe(model):  # an MoE layer's experts are 3-D weights, not quantized linears
+        sizes["model.intermediate_size"] = model.intermediate_size
     return [
         f"{key}={value} with peft=qlora on cluster.gpu=cpu: bitsandbytes' CPU 4-bit kernel "
         f"packs output features in blocks of {QLORA_CPU_BLOCK}. Fix: a model whose layer "

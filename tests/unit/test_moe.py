@@ -18,7 +18,11 @@ from launcher.config.schema import RunConfig
 from launcher.data.tokenizer import load_tokenizer
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.leaf_modules import mark_expert_blocks
-from launcher.engines.final_model import merge_lora_state_dict, wrapped_parameters
+from launcher.engines.final_model import (
+    merge_lora_state_dict,
+    unquantized_base,
+    wrapped_parameters,
+)
 from launcher.estimator.estimate import estimate
 from launcher.estimator.estimate_table import render_estimate_table
 from launcher.estimator.flops import adapter_params, flops_per_token, lora_coverage, run_flops
@@ -31,7 +35,7 @@ from launcher.estimator.memory import (
 )
 from launcher.rank.callbacks.router_loss import RouterAuxLoss
 from launcher.rank.model import apply_peft, model_config
-from launcher.validation.rules import config_problems
+from launcher.validation.rules import config_problems, strategy_problems
 
 MIXTRAL = ("model.architecture=mixtral", "model.decoder_layer=MixtralDecoderLayer")
 
@@ -96,6 +100,32 @@ def test_all_linear_adapts_the_experts_and_merges_as_peft_does(arch: tuple[str, 
         base = built(cfg_for(*arch))(ids).logits
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
     assert (ours - base).abs().max() > 1e-2  # the experts' adapters did change the model
+
+
+def test_qlora_merges_into_the_base_as_the_model_names_it(tmp_path: Path) -> None:
+    """QLoRA merges into the unquantized base read from model.path. save_pretrained writes
+    an MoE layer's experts per expert (experts.0.gate_proj, ...); the base comes back
+    through transformers with the fused names the adapters' merge looks up (a raw read of
+    the file failed on experts.gate_up_proj). Only attention is quantized, so the CPU
+    kernel's blocks of 32 do not bind one expert's width."""
+    from safetensors import safe_open
+
+    cfg = cfg_for(*ALL_LINEAR)
+    model = built(cfg)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as saved:
+        assert "model.layers.0.mlp.experts.0.gate_proj.weight" in set(saved.keys())
+    base = unquantized_base(str(tmp_path))
+    assert set(base) == set(model.state_dict())  # fused, as the modules hold them
+    peft_model = apply_peft(built(cfg), cfg)
+    merged = merge_lora_state_dict(peft_model.state_dict(), 4.0, base, copy=False,
+                                   wrapped=wrapped_parameters(peft_model))
+    assert merged.keys() == base.keys()
+    qlora = strategy_problems(cfg_for("peft=qlora", f"model.path={tmp_path}"))
+    assert not any("model.intermediate_size" in p for p in qlora), qlora
+    odd = strategy_problems(cfg_for("peft=qlora", f"model.path={tmp_path}",
+                                    "model.hidden_size=72"))  # an attention width: flagged
+    assert any("model.hidden_size=72 with peft=qlora" in p for p in odd), odd
 
 
 def test_adapted_experts_keep_what_the_estimate_adds() -> None:
