@@ -21,7 +21,7 @@ the memory formulas).
 
 from __future__ import annotations
 
-from launcher.config.schema import ModelConfig
+from launcher.config.schema import ModelConfig, RunConfig
 
 QKV_BIAS = frozenset({"qwen2"})
 """Architectures whose q/k/v projections have biases."""
@@ -89,15 +89,33 @@ def router_params(model: ModelConfig) -> int:
     return model.hidden_size * model.num_experts
 
 
-def expert_parameter_shapes(model: ModelConfig) -> dict[str, tuple[int, int, int]]:
-    """(experts, in, out) of each parameter of one MoE layer that peft's all-linear adapts
-    as a parameter, not as an nn.Linear (its ParamWrapper, named as peft's
-    target_parameters): the experts' gate_up_proj and down_proj, the router's weight.
-    {} for a dense model."""
-    if not is_moe(model):
+def all_linear(cfg: RunConfig) -> bool:
+    """peft.target_modules names all-linear (the worker passes peft the string)."""
+    return "all-linear" in cfg.peft.target_modules
+
+
+def adapts_experts(cfg: RunConfig) -> bool:
+    """LoRA with all-linear on an MoE model: peft adapts the experts' 3-D weights and the
+    router as parameters too (expert_adapter_shapes), which take no dropout."""
+    return cfg.peft.name != "none" and is_moe(cfg.model) and all_linear(cfg)
+
+
+FUSED_RANK = {"gate_up_proj": 2}
+"""Rank multiples peft 0.21 gives adapted expert weights: gate and up fused in one weight
+get rank 2r (its rank_pattern, alpha doubled too), r for each half."""
+
+
+def expert_adapter_shapes(cfg: RunConfig) -> dict[str, tuple[int, int, int, int]]:
+    """(rank, experts, in, out) of each parameter of one MoE layer that peft's all-linear
+    adapts as a parameter, not as an nn.Linear (its ParamWrapper, named as peft's
+    target_parameters): the experts' gate_up_proj and down_proj, the router's weight; each
+    expert gets its own rank-`rank` pair. {} unless adapts_experts."""
+    if not adapts_experts(cfg):
         return {}
-    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
-    return {"gate_up_proj": (e, h, 2 * i), "down_proj": (e, i, h), "gate.weight": (1, h, e)}
+    m, r = cfg.model, cfg.peft.r
+    h, i, e = m.hidden_size, m.intermediate_size, m.num_experts
+    shapes = {"gate_up_proj": (e, h, 2 * i), "down_proj": (e, i, h), "gate.weight": (1, h, e)}
+    return {name: (r * FUSED_RANK.get(name, 1), *shape) for name, shape in shapes.items()}
 
 
 def layer_params(model: ModelConfig) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config.architecture import is_moe
+from launcher.config.architecture import adapts_experts
 from launcher.config.schema import GROUPS, RunConfig
 from launcher.errors import ConfigError
 
@@ -105,8 +105,7 @@ def expert_lora_dropout_off(cfg: RunConfig, overrides: list[str]) -> str | None:
     The notice; None: nothing changed."""
     peft = cfg.peft
     given = {override_key(override) for override in overrides}
-    if (peft.name == "none" or not is_moe(cfg.model) or "all-linear" not in peft.target_modules
-            or peft.dropout == 0 or "peft.dropout" in given):
+    if not adapts_experts(cfg) or peft.dropout == 0 or "peft.dropout" in given:
         return None
     was, peft.dropout = peft.dropout, 0.0
     return (f"peft.target_modules=[all-linear] on model={cfg.model.name} adapts its experts "

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from launcher.config.architecture import (
     active_params,
+    adapts_experts,
+    all_linear,
     count_params,
-    expert_parameter_shapes,
+    expert_adapter_shapes,
     is_moe,
     linear_shapes,
     one_expert_params,
@@ -33,11 +35,6 @@ from launcher.config.objectives import is_dpo, sequences_per_row
 from launcher.config.schema import RunConfig
 
 
-def all_linear(cfg: RunConfig) -> bool:
-    """peft.target_modules names all-linear (the worker passes peft the string)."""
-    return "all-linear" in cfg.peft.target_modules
-
-
 def lora_targets(cfg: RunConfig) -> list[str]:
     """The decoder nn.Linear layers LoRA adapts: peft.target_modules ("all-linear": every
     one, architecture.linear_shapes: seven in a dense layer; an MoE layer's four attention
@@ -46,29 +43,16 @@ def lora_targets(cfg: RunConfig) -> list[str]:
     return [t for t in linear_shapes(cfg.model) if all_linear(cfg) or t in wanted]
 
 
-def adapts_experts(cfg: RunConfig) -> bool:
-    """LoRA with all-linear on an MoE model: peft adapts the experts' 3-D weights and the
-    router as parameters too (architecture.expert_parameter_shapes)."""
-    return cfg.peft.name != "none" and is_moe(cfg.model) and all_linear(cfg)
-
-
-FUSED_RANK = {"gate_up_proj": 2}
-"""Rank multiples peft 0.21 gives adapted expert weights: gate and up fused in one weight
-get rank 2r (its rank_pattern, alpha doubled too), r for each half."""
-
-
 def adapter_params(cfg: RunConfig) -> int:
     """LoRA adapter parameters: r*(in+out) per targeted linear per layer (measured: 1,048,576
     on the 102M Llama with q/k/v/o, r 16: the model's parameters grew by exactly that), and
-    r*experts*(in+out) per adapted MoE parameter (peft's ParamWrapper gives each expert its
-    own pair, FUSED_RANK; tests/unit/test_moe.py: what peft adds)."""
+    rank*experts*(in+out) per adapted MoE parameter (architecture.expert_adapter_shapes;
+    tests/unit/test_moe.py: what peft adds)."""
     if cfg.peft.name == "none":
         return 0
-    r, shapes = cfg.peft.r, linear_shapes(cfg.model)
-    per_layer = sum(r * sum(shapes[t]) for t in lora_targets(cfg))
-    if adapts_experts(cfg):
-        per_layer += sum(r * FUSED_RANK.get(name, 1) * e * (i + o)
-                         for name, (e, i, o) in expert_parameter_shapes(cfg.model).items())
+    shapes = linear_shapes(cfg.model)
+    per_layer = sum(cfg.peft.r * sum(shapes[t]) for t in lora_targets(cfg))
+    per_layer += sum(r * e * (i + o) for r, e, i, o in expert_adapter_shapes(cfg).values())
     return cfg.model.num_layers * per_layer
 
 

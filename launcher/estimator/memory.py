@@ -12,6 +12,7 @@ reference model beside the policy (reference_bytes), in the model states.
 from __future__ import annotations
 
 from launcher.config.architecture import (
+    adapts_experts,
     count_params,
     expert_params,
     is_moe,
@@ -28,7 +29,7 @@ from launcher.config.schema import ModelConfig, RunConfig, StrategyConfig
 from launcher.engines import engine_of
 from launcher.engines.deepspeed.ds_config import SUB_GROUP_SIZE
 from launcher.engines.peak_terms import Split, reference_weights
-from launcher.estimator.flops import adapter_params, adapts_experts, lora_targets
+from launcher.estimator.flops import adapter_params, lora_targets
 
 GIB = 1024**3
 
@@ -351,7 +352,7 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
 
 
 def expert_lora_bytes(cfg: RunConfig) -> float:
-    """Adapted experts (flops.adapts_experts): peft runs each MoE layer on its experts' and
+    """Adapted experts (architecture.adapts_experts): peft runs each MoE layer on its experts' and
     router's weights with the update added, W + scaling x B @ A, a new tensor of the whole
     layer's experts that the backward keeps (it forms that weight's gradient), in the
     compute precision; per layer, whatever the micro batch; one layer at a time under

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from launcher.config.architecture import (
     count_params,
-    expert_parameter_shapes,
+    expert_adapter_shapes,
     largest_tensor_params,
     layer_linear_params,
     layer_params,
@@ -29,7 +29,7 @@ from launcher.engines.peak_terms import (
     reference_forward,
     with_reference,
 )
-from launcher.estimator.flops import adapter_params, adapts_experts, lora_targets
+from launcher.estimator.flops import adapter_params, lora_targets
 from launcher.estimator.memory import (
     activation_bytes,
     layer_bytes,
@@ -62,16 +62,15 @@ def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
     deepspeed = engine_of(strategy).separate_master_weights
     base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
     shapes = [shape for t, shape in linear_shapes(model).items() if t in lora_targets(cfg)]
-    experts = list(expert_parameter_shapes(model).values()) if adapts_experts(cfg) else []
-    # one adapter tensor: r x a linear's width, or r x experts x an experts weight's width
-    # (gate_up_proj's rank 2r: flops.FUSED_RANK)
-    widest = max([max(shape) for shape in shapes] + [2 * e * max(i, o) for e, i, o in experts],
-                 default=0)
+    experts = expert_adapter_shapes(cfg).values()
+    # one adapter tensor: r x a linear's width, or an expert pair's rank x experts x width
+    largest_adapter = max([r * max(shape) for shape in shapes]
+                          + [rank * e * max(i, o) for rank, e, i, o in experts], default=0)
     # the merge's delta of one weight at a time: a linear's or a whole experts tensor's
-    largest = max([i * o for i, o in shapes] + [e * i * o for e, i, o in experts], default=0)
+    largest = max([i * o for i, o in shapes] + [e * i * o for _, e, i, o in experts], default=0)
     adapters = adapter_params(cfg)
     return LoraInputs(
-        adapters=adapters, largest_adapter=r * widest,
+        adapters=adapters, largest_adapter=largest_adapter,
         layer_adapters=adapters // max(model.num_layers, 1), base_bytes=base,
         adapter_bytes=p if deepspeed else 4,
         merge_temporaries=(8.0 if base == 4 else 14.0) * largest,

@@ -4,7 +4,12 @@ Config rules: none depends on the strategy."""
 
 from __future__ import annotations
 
-from launcher.config.architecture import DENSE_ARCHITECTURES, MOE_ARCHITECTURES, is_moe
+from launcher.config.architecture import (
+    DENSE_ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    adapts_experts,
+    is_moe,
+)
 from launcher.config.schema import RunConfig
 from launcher.errors import flagged
 
@@ -101,7 +106,7 @@ def _moe_lora(cfg: RunConfig) -> list[str]:
     others = [t for t in targets if t not in ATTENTION_TARGETS]
     attention = f"peft.target_modules=[{','.join(ATTENTION_TARGETS)}]"
     return flagged([
-        ("all-linear" in targets and peft.dropout > 0,
+        (adapts_experts(cfg) and peft.dropout > 0,
          f"peft.dropout={peft.dropout:g} with peft.target_modules=[all-linear] on model="
          f"{m.name} (a mixture of experts): peft adapts the experts' 3-D weights and the "
          "router as parameters, which take no dropout. Fix: peft.dropout=0, or "
