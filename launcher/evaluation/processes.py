@@ -44,6 +44,15 @@ def processes_problem(ev: EvalConfig, kind: str, gpus: int) -> str | None:
     return None
 
 
+def shard_problem(gpus: int) -> str | None:
+    """eval.shard against this machine: the harness splits a model over CUDA devices only
+    (on CPU it fails at the first batch: "Torch not compiled with CUDA enabled")."""
+    if gpus:
+        return None
+    return ("eval.shard=true (--shard): this machine has no GPU, and the harness splits a "
+            "model over GPUs only. Fix: leave --shard out (one process scores it here).")
+
+
 def launch_argv(processes: int, request: str) -> list[str]:
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes",
             str(processes), "--num_machines", "1", "--mixed_precision", "no",

@@ -20,7 +20,12 @@ from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
 from launcher.errors import ConfigError
 from launcher.evaluation.harness import evaluate, table
 from launcher.evaluation.models import initial_weights, load_model, model_source
-from launcher.evaluation.processes import evaluate_in_processes, gpu_count, processes_problem
+from launcher.evaluation.processes import (
+    evaluate_in_processes,
+    gpu_count,
+    processes_problem,
+    shard_problem,
+)
 from launcher.evaluation.trackers import log_scores, step_of
 from launcher.rundir import CONFIG, EvalDir, EvalSummary, RunDir, new_eval_dir
 from launcher.validation.evaluation import eval_key_problems
@@ -137,6 +142,8 @@ def _check(ev: EvalConfig, what: str, kind: str) -> list[object]:
     `kind`), the harness, and the tasks loaded offline: one ConfigError."""
     problems = eval_key_problems(ev)
     if ev.processes > 1 and (problem := processes_problem(ev, kind, gpu_count())):
+        problems.append(problem)
+    if ev.shard and (problem := shard_problem(gpu_count())):
         problems.append(problem)
     if not ev.tasks:
         problems.append(f"{what}: no tasks. Fix: --tasks arith (the bundled demo task) or "

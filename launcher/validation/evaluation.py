@@ -52,6 +52,9 @@ def eval_rules(cfg: RunConfig) -> list[str]:
          f"eval.processes={n} with cluster.gpu={cluster.gpu}: the harness splits examples "
          "only across GPUs (on CPU each process would score every example). Fix: "
          "eval.processes=1."),
+        (ev.shard and on_cpu,
+         f"eval.shard=true with cluster.gpu={cluster.gpu}: the harness splits a model over "
+         "GPUs only (on CPU it fails at the first batch). Fix: leave eval.shard out."),
         (n > 1 and preset is not None and not on_cpu and n > cluster.gpus_per_node,
          f"eval.processes={n}: more than the node's cluster.gpus_per_node="
          f"{cluster.gpus_per_node} GPUs. Fix: eval.processes={cluster.gpus_per_node}."),

@@ -56,9 +56,17 @@ def test_before_with_a_model_dir_is_refused_not_ignored(tmp_path: Path) -> None:
 def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
     """eval.processes: GPUs only (HFLM splits examples across CUDA devices; on CPU every
     process would score every example), never more than the node has, not with --shard,
-    not for a model ftl loads itself. Its launch: accelerate's, one worker per GPU. The
-    workers through a real `accelerate launch`: tests/integration/test_eval.py."""
-    from launcher.evaluation.processes import launch_argv, processes_problem
+    not for a model ftl loads itself. eval.shard: GPUs only too (on CPU the harness fails
+    at the first batch). Its launch: accelerate's, one worker per GPU. The workers through
+    a real `accelerate launch`: tests/integration/test_eval.py."""
+    from launcher.evaluation.processes import launch_argv, processes_problem, shard_problem
+
+    assert shard_problem(1) is None
+    assert str(shard_problem(0)).startswith("eval.shard=true (--shard): this machine has no")
+    shard_cpu = config_problems(compose_config(["eval.tasks=[arith]", "eval.shard=true"]))
+    assert any(p.startswith("eval.shard=true with cluster.gpu=cpu") for p in shard_cpu)
+    assert not [p for p in config_problems(compose_config(
+        ["cluster.gpu=a100-80g", "eval.tasks=[arith]", "eval.shard=true"])) if "shard" in p]
 
     assert eval_key_problems(EvalConfig(processes=0))[0].startswith("eval.processes=0:")
     assert "with eval.shard=true" in eval_key_problems(EvalConfig(processes=2, shard=True))[0]
