@@ -80,7 +80,8 @@ def load_average() -> float:
 
 def bench_env() -> dict[str, str]:
     """The environment for benchmark runs: DeepSpeed's JIT-built ops (on CPU, a shared-
-    memory comm op built at the first distributed init) in a cache of this venv's own.
+    memory comm op built at the first distributed init) in a cache of this venv's own, built
+    by this venv's ninja for every process, ours and the baseline's.
     DeepSpeed keys ~/.cache/torch_extensions by Python and torch version only, so two venvs
     on one machine rebuild each other's op (25-80 s of start-up each time), which would
     land in whichever run comes next."""
@@ -88,6 +89,12 @@ def bench_env() -> dict[str, str]:
     import os
 
     env = dict(os.environ)
+    # ftl's ranks put this venv's bin (its ninja) first on PATH (launcher/engines/deepspeed/
+    # ops.py); a baseline that found the system's ninja instead would rebuild the shared op
+    # at every start, and ftl's run after it again (~24 s each, measured 2026-12-07).
+    bin_dir = str(Path(sys.executable).parent)
+    if env.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        env["PATH"] = os.pathsep.join(filter(None, [bin_dir, env.get("PATH", "")]))
     if "TORCH_EXTENSIONS_DIR" not in env:
         venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
         env["TORCH_EXTENSIONS_DIR"] = str(Path.home() / ".cache" / "ftl-bench" /

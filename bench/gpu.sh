@@ -12,19 +12,20 @@
 #
 # What it does (budget: BUDGET_S=480 s, installation included; each phase is timed):
 #   1. a venv (.venv-gpu) with torch==2.13.0 from PyPI (the CUDA build), this project with
-#      [qlora] (bitsandbytes) and liger-kernel; flash-attn only from a prebuilt wheel
-#      (FLASH_ATTN_WHEEL=file-or-URL, else whatever PyPI offers within 60 s: it publishes
-#      the source only, whose build takes far longer than the budget), else the
-#      FlashAttention rows are skipped with that reason;
+#      [qlora,eval] (bitsandbytes, lm-evaluation-harness) and liger-kernel; flash-attn only
+#      from a prebuilt wheel (FLASH_ATTN_WHEEL=file-or-URL, else whatever PyPI offers within
+#      60 s: it publishes the source only, whose build takes far longer than the budget),
+#      else the FlashAttention rows are skipped with that reason;
 #   2. bench/gpu_matrix.py: the matrix, one short `ftl train` per row on this GPU (the GPU
 #      preset from the device name; FTL_GPU_PRESET=... overrides): ddp, zero2, zero3 and
-#      fsdp in bf16, ddp in fp16 AMP, QLoRA, each attention kernel installed, Liger on,
-#      torch.compile on, an MoE under ZeRO-3; per row: passed, tokens/s, TFLOP/s, MFU, the
-#      predicted peak (plan.json) against the measured one (the run's own
-#      torch.cuda.max_memory_allocated, per phase), the start-up phases; a failed row keeps
-#      its error's tail and the next runs; a row that no longer fits the budget is skipped
-#      (ROWS=name runs it alone). `bash bench/gpu.sh --plan` prints the rows, overrides and
-#      budget; gpu_matrix.py's docstring has the rest;
+#      fsdp in bf16, ddp in fp16 AMP, QLoRA, `ftl eval` of the ddp row's model (one
+#      process, then --shard, or --processes N with GPUS=N), each attention kernel
+#      installed, Liger on, torch.compile on, an MoE under ZeRO-3; per row: passed,
+#      tokens/s, TFLOP/s, MFU, the predicted peak (plan.json) against the measured one (the
+#      run's own torch.cuda.max_memory_allocated, per phase), the start-up phases; a failed
+#      row keeps its error's tail and the next runs; a row that no longer fits the budget
+#      is skipped (ROWS=name runs it alone). `bash bench/gpu.sh --plan` prints the rows,
+#      overrides and budget; gpu_matrix.py's docstring has the rest;
 #   3. writes bench/results/gpu_matrix.json (gpu_matrix-partial.json with ROWS or
 #      STRATEGIES) and prints one table. Exit 1 when a row failed or timed out.
 # The checkpoint the Trainer writes after the last step is skipped (bench.callbacks.
@@ -41,10 +42,10 @@
 # an SP row (tokens/s, peak memory vs the estimate) beside plain zero3 on the same 2 GPUs.
 #
 # Offline (a machine that reaches no package registry, such as a cluster's compute node):
-# WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh, which
-# leaves bitsandbytes out; `bash bench/gpu_wheelhouse.sh DIR liger-kernel==0.8.5` adds the
-# Liger row's 0.9 MB wheel; bitsandbytes' wheel, for QLoRA (125 MB installed), is tagged
-# manylinux_2_24, which that script does not list: without it the row is skipped) with
+# WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh: what
+# ftl and lm-eval need, less what HAVE=FILE says the machine holds; EXTRAS=eval,qlora adds
+# bitsandbytes for QLoRA's row, 125 MB installed, else that row is skipped; `bash
+# bench/gpu_wheelhouse.sh DIR liger-kernel==0.8.5` adds the Liger row's 0.9 MB wheel) with
 # --no-deps into SITE (.venv-gpu/site) beside the machine's own CUDA torch, and runs with
 # PYTHON (python3). It then lists every requirement (pyproject.toml's ranges: a torch
 # >= 2.6 is accepted) the machine does not meet and goes on: the runs show whether it matters.
@@ -109,7 +110,7 @@ else
     "${PIP[@]}" --upgrade pip
     say "installing torch==2.13.0 (CUDA wheel from PyPI) and the project"
     DS_BUILD_OPS=0 "${PIP[@]}" torch==2.13.0
-    DS_BUILD_OPS=0 "${PIP[@]}" -e '.[qlora]'
+    DS_BUILD_OPS=0 "${PIP[@]}" -e '.[qlora,eval]'
     say "installing liger-kernel and (a prebuilt wheel only) flash-attn"
     "${PIP[@]}" liger-kernel==0.8.5 || note liger_kernel "pip install liger-kernel==0.8.5 failed"
     if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then

@@ -62,7 +62,11 @@ MOE = ("model=tiny-moe", "model.name=moe-0.4b", "model.hidden_size=1024", "model
 512 per layer, 2 per token; under ZeRO-3 DeepSpeed makes the experts leaf modules."""
 MODELS = {"llama-1b": LLAMA_1B, "moe-0.4b": MOE}
 QLORA_BASE = "ddp-bf16"
-"""The row whose saved model (RUN_DIR/model, the 1.1B Llama in bf16) QLoRA quantizes."""
+"""The row whose saved model (RUN_DIR/model, the 1.1B Llama in bf16) QLoRA quantizes and
+the eval row scores."""
+USES_BASE = ("qlora", "eval")
+EVAL_TASK = ("--tasks", "arith")
+"""The bundled task: offline, 200 sums, 8 new tokens each (issue 33's GPU check)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class Row:
     needs: tuple[str, ...] = ()
     """Modules that must import in the GPU environment, else the row is skipped."""
     model: str = "llama-1b"
+    kind: str = "train"
+    """train: an `ftl train`; eval: `ftl eval` of the ddp-bf16 row's model (run_eval)."""
 
 
 def _ddp(*extra: str) -> tuple[str, ...]:
@@ -93,6 +99,10 @@ ROWS = (
     Row("qlora", "QLoRA: the ddp-bf16 row's model in 4-bit NF4 + LoRA (bitsandbytes)",
         _ddp("peft=qlora", f"model.path=<{QLORA_BASE} RUN_DIR>/model"), 35, 150,
         needs=("bitsandbytes",)),
+    Row("eval", "ftl eval (lm-evaluation-harness) of the ddp-bf16 row's model on the "
+        "bundled arith task on this GPU, then the same split: --processes N (accelerate "
+        "launch, one worker per GPU) with 2+ GPUs, else --shard; same answers and scores",
+        EVAL_TASK, 40, 150, needs=("lm_eval",), kind="eval"),
     Row("attn-eager", "eager attention (keeps the s x s scores, about 3 GiB a layer at micro "
         "4 over an H100's 80 GiB: micro 2)",
         _ddp("model.attn_implementation=eager", "train.micro_batch_size=2"), 28, 120),
@@ -196,10 +206,10 @@ def print_plan(rows: tuple[Row, ...], s: Settings, check: bool) -> None:
           f"train` on {s.gpus} GPU(s) of {s.steps} steps, micro batch {s.micro} x 2048 tokens, "
           f"timed from step {WARM}; budget {s.budget_s} s in all, installation included.")
     print("install (bench/gpu.sh, timed): a venv .venv-gpu with torch==2.13.0 (the CUDA "
-          "wheel) and the project with [qlora] (bitsandbytes), liger-kernel; flash-attn from "
-          "a prebuilt wheel only (FLASH_ATTN_WHEEL, else PyPI's, 60 s cap), else its rows "
-          "are skipped; or offline: WHEELS=DIR (bench/gpu_wheelhouse.sh) beside the "
-          "machine's own CUDA torch.")
+          "wheel) and the project with [qlora,eval] (bitsandbytes, lm-eval), liger-kernel; "
+          "flash-attn from a prebuilt wheel only (FLASH_ATTN_WHEEL, else PyPI's, 60 s cap), "
+          "else its rows are skipped; or offline: WHEELS=DIR (bench/gpu_wheelhouse.sh) "
+          "beside the machine's own CUDA torch.")
     for name, overrides in MODELS.items():
         print(f"model {name}: {' '.join(overrides)}")
     print(f"every row: {' '.join(common_overrides(s))} run.output_dir=WORK/<row>/runs "
@@ -240,6 +250,11 @@ def check_rows(rows: tuple[Row, ...], s: Settings) -> dict[str, str]:
         s = replace(s, work=Path(tmp))
         write_text_rows(s.work / "text.jsonl", 8)
         for row in rows:
+            if row.kind == "eval":
+                verdicts[row.name] = ("nothing to plan: ftl eval of the ddp-bf16 row's model "
+                                      f"(lm_eval {'' if module_here('lm_eval') else 'not '}"
+                                      "installed here)")
+                continue
             out = s.work / row.name
             done = subprocess.run(row_argv(row, s, "plan", out, s.work / "base-model"),
                                   cwd=ROOT, capture_output=True, text=True)
@@ -379,21 +394,29 @@ def measure(row: Row, s: Settings, out: Path) -> dict[str, Any]:
     }
 
 
+def run_logged(argv: list[str], log: Path, cap: int) -> int | None:
+    """One child, its output appended to `log`; its exit code, None when stopped at `cap`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as sink:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+            return None
+
+
+def cap_of(row: Row, s: Settings) -> int:
+    return int(min(row.timeout, s.budget_s - RESERVE_S - s.elapsed()))
+
+
 def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
     out = s.work / row.name
     log = s.work / "logs" / f"{row.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cap = int(min(row.timeout, s.budget_s - RESERVE_S - s.elapsed()))
-    argv = row_argv(row, s, "train", out, base_model)
+    cap = cap_of(row, s)
     record: dict[str, Any] = {"cap_s": cap, "log": str(log)}
     began = time.time()
-    with log.open("w") as sink:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            code = proc.wait(timeout=cap)
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            code = None
+    code = run_logged(row_argv(row, s, "train", out, base_model), log, cap)
     record["wall_s"] = round(time.time() - began, 1)
     if code is None:
         return {**record, "status": "timed out", "error_tail": tail(log)}
@@ -410,11 +433,61 @@ def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
     return {**record, "status": status, **figures}
 
 
+def run_eval(row: Row, s: Settings, model: Path) -> dict[str, Any]:
+    """`ftl eval` of `model` (a run's model/) in one process on the GPU, then split over the
+    GPUs (--processes N with 2+, else --shard), each into its own RUN_DIR/eval/<stamp>/.
+    Passed when both scored every example into results.json and per-sample logs and at
+    least 95 % of the answers agree (the split batches differently: bf16 sums may differ)."""
+    split = eval_split(s.gpus)
+    log = s.work / "logs" / f"{row.name}.log"
+    record: dict[str, Any] = {"log": str(log), "split": " ".join(split)}
+    began = time.time()
+    runs = []
+    for extra in ((), split):
+        before = set(model.parent.glob("eval/*/"))
+        argv = [sys.executable, "-m", "launcher", "eval", str(model), *row.overrides, *extra]
+        code = run_logged(argv, log, cap_of(row, s))
+        record["wall_s"] = round(time.time() - began, 1)
+        if code != 0:
+            return {**record, "status": "timed out" if code is None else "failed",
+                    "exit": code, "error_tail": tail(log)}
+        runs.append(read_eval(set(model.parent.glob("eval/*/")) - before))
+    one, other = runs
+    agree = sum(one["answers"].get(doc) == answer for doc, answer in other["answers"].items())
+    agreement = agree / max(len(one["answers"]), 1)
+    full = all(r["samples"] == len(r["answers"]) > 0 and r["results"] for r in runs)
+    return {**record, "status": "passed" if full and agreement >= 0.95 else "failed",
+            "answers_agree": agreement, "error_tail": "" if full else tail(log),
+            **{f"{name}_{key}": r[key] for name, r in zip(("one", "split"), runs, strict=True)
+               for key in ("scores", "samples", "seconds")}}
+
+
+def eval_split(gpus: int) -> tuple[str, ...]:
+    return ("--processes", str(gpus)) if gpus > 1 else ("--shard",)
+
+
+def read_eval(new_dirs: set[Path]) -> dict[str, Any]:
+    """One `ftl eval`'s dir: its summary, whether results.json exists, each answer by doc."""
+    (eval_dir,) = new_dirs
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    answers = {}
+    for line in (eval_dir / "samples_arith.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        answers[sample["doc_id"]] = sample.get("filtered_resps")
+    return {"scores": summary["scores"], "samples": summary["samples"],
+            "seconds": summary["seconds"], "answers": answers,
+            "results": (eval_dir / "results.json").is_file()}
+
+
 def line_of(row: Row, r: dict[str, Any]) -> str:
     if r["status"] != "passed":
         last = (r.get("error_tail") or "").strip().splitlines()[-1:]
         return f"{row.name}: {r['status'].upper()}: {r.get('reason') or ' '.join(last)}"
     parts = [f"passed in {r['wall_s']:.0f} s"]
+    if r.get("split"):
+        parts.append(f"{r['one_samples']} examples, one process {r['one_seconds']:.0f} s, "
+                     f"{r['split']} {r['split_seconds']:.0f} s, answers agree "
+                     f"{r['answers_agree']:.0%}, scores {r['one_scores']}")
     if r.get("tokens_per_s"):
         parts.append(f"{r['tokens_per_s']:,.0f} tok/s")
     if r.get("mfu"):
@@ -443,7 +516,7 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
         blocked = [f"{m} does not import: {notes.get(m) or found['missing'][m]}"
                    for m in row.needs if m in found["missing"]]
         base = (results.get(QLORA_BASE) or {}).get("model_dir")
-        if row.name == "qlora" and base is None:
+        if row.name in USES_BASE and base is None:
             blocked.append(f"needs the {QLORA_BASE} row's saved model (that row did not pass "
                            "or was not selected)")
         left = s.budget_s - RESERVE_S - s.elapsed()
@@ -455,8 +528,11 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
                                 f"(run it alone: ROWS={row.name})"}
         else:
             s.say(f"{row.name}: {' '.join(row.overrides)}")
-            record = run_row(row, s, Path(base) if row.name == "qlora" and base else None)
-            keep = row.name == QLORA_BASE and any(r.name == "qlora" for r in rows)
+            if row.kind == "eval":
+                record = run_eval(row, s, Path(base))
+            else:
+                record = run_row(row, s, Path(base) if row.name == "qlora" and base else None)
+            keep = row.name == QLORA_BASE and any(r.name in USES_BASE for r in rows)
             if keep and record["status"] == "passed":
                 model = next((s.work / row.name / "runs").glob("*/*/model"), None)
                 record["model_dir"] = str(model) if model else None

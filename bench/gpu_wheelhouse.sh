@@ -7,14 +7,19 @@
 # which installs these wheels with --no-deps beside that machine's own CUDA torch.
 #
 #     bash bench/gpu_wheelhouse.sh DIR [NAME==VERSION ...]
+#     HAVE=FILE bash bench/gpu_wheelhouse.sh DIR     # less what that machine holds
 #
-# Without names: every package of this checkout's tested venv (.venv, `pip freeze`), so the
-# GPU machine runs the versions the tests ran, except torch and the NVIDIA/Triton stack
-# (the machine's CUDA torch stays) and bitsandbytes (QLoRA only; the benchmark has none).
-# With names: only those (when the machine already holds the rest; check with `pip list`
-# there). PY (3.12) and PLATFORM (manylinux x86_64) say which machine the wheels are for.
-# DeepSpeed and antlr4 (Hydra's parser) publish no wheel: they are built here, pure Python
-# (DS_BUILD_OPS=0: no op is compiled; the benchmark uses torch's AdamW).
+# Without names: what ftlaunch needs at run time with EXTRAS ("eval": lm-evaluation-harness
+# for the eval row), every dependency followed, at the versions of this checkout's tested
+# venv (.venv; bench/wheel_closure.py), so the GPU machine runs what the tests ran, except
+# torch and the NVIDIA/Triton stack (the machine's CUDA torch stays); EXTRAS=eval,qlora adds
+# bitsandbytes (QLoRA's row; a ~60 MB wheel). HAVE: the machine's `pip list
+# --format=freeze` (or bare names where versions are unknown, as bench/gpu_image.txt): a
+# package it holds at a version every requirement accepts is left out (for that image: 38
+# wheels, 48 MB, against 265 MB for the whole tested venv). With names: only those. PY (3.12) and PLATFORM (manylinux
+# x86_64) say which machine the wheels are for. DeepSpeed, antlr4 (Hydra's parser) and
+# lm-eval's rouge_score, sqlitedict and word2number publish no wheel: they are built here,
+# pure Python (DS_BUILD_OPS=0: no op is compiled; the benchmark uses torch's AdamW).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,9 +32,8 @@ mkdir -p "$DIR"
 if [ $# -gt 0 ]; then
     WANTED=("$@")
 else
-    mapfile -t WANTED < <("$VENV_PY" -m pip freeze --exclude-editable 2>/dev/null |
-        grep -viE '^(torch|triton|nvidia-|bitsandbytes|ruff|pytest|pluggy|iniconfig)' |
-        grep '==')
+    mapfile -t WANTED < <("$VENV_PY" "$ROOT/bench/wheel_closure.py" \
+        --extras "${EXTRAS:-eval}" ${HAVE:+--have "$HAVE"})
 fi
 
 SOURCE_ONLY=()
@@ -42,13 +46,21 @@ for spec in "${WANTED[@]}"; do
 done
 
 PLATFORMS=()
-for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
-           manylinux2014_x86_64 manylinux1_x86_64; do
+for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
+           manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
     PLATFORMS+=(--platform "$tag")
 done
-if [ ${#BINARY[@]} -gt 0 ]; then
+binary() {
     "$VENV_PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" \
-        --implementation cp "${PLATFORMS[@]}" -d "$DIR" "${BINARY[@]}"
+        --implementation cp "${PLATFORMS[@]}" -d "$DIR" "$@" 2>/dev/null
+}
+# One download for all; if one has no wheel for that machine (lm-eval's rouge_score,
+# sqlitedict and word2number publish only their pure-Python source), one at a time, and
+# those without a wheel are built here like DeepSpeed.
+if [ ${#BINARY[@]} -gt 0 ] && ! binary "${BINARY[@]}"; then
+    for spec in "${BINARY[@]}"; do
+        binary "$spec" || SOURCE_ONLY+=("$spec")
+    done
 fi
 # --no-build-isolation: DeepSpeed's setup.py imports torch; this venv's CPU torch serves.
 if [ ${#SOURCE_ONLY[@]} -gt 0 ]; then
