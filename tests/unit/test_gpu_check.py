@@ -1,0 +1,63 @@
+"""The GPU check's preparation, which runs here (bench/gpu_matrix.py, bench/wheel_closure.py):
+what a GPU machine without a registry gets carried, and the order the matrix's rows need.
+The rows themselves run only on a GPU (`make test-gpu`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def bench_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def closure() -> ModuleType:
+    return bench_module("wheel_closure")
+
+
+def test_the_wheelhouse_carries_what_the_machine_lacks_or_holds_too_old(
+        closure: ModuleType, tmp_path: Path) -> None:
+    """ftl's run-time closure at this venv's versions, never the machine's CUDA stack; a
+    package the machine holds is left out only at a version every requirement accepts, or
+    (version unknown) when ftl does not require it directly."""
+    found, asked, direct = closure.closure({"eval"})
+    assert {"transformers", "deepspeed", "lm-eval", "trl", "hydra-core"} <= set(found)
+    assert not {"torch", "triton"} & set(found)
+    assert not [name for name in found if name.startswith("nvidia-")]
+    assert "lm-eval" not in closure.closure(set())[0]
+    have = tmp_path / "have.txt"
+    have.write_text("# a comment\ntransformers==5.17.0\nhuggingface-hub==1.33.0\nnumpy\n"
+                    "tokenizers==0.19.0\npeft\nlm-eval==" + found["lm-eval"] + "\n")
+    carried = {line.split("==")[0] for line in
+               closure.wanted(found, asked, direct, closure.read_have(have))}
+    assert "transformers" in carried  # 5.17 < pyproject's 5.23
+    assert "tokenizers" in carried  # transformers asks for >= 0.23.1
+    assert "peft" in carried  # a direct requirement at an unknown version
+    assert not {"huggingface-hub", "numpy", "lm-eval"} & carried
+    assert "deepspeed" in carried  # not on that machine at all
+
+
+def test_rows_that_use_the_base_model_come_after_it() -> None:
+    """QLoRA and the eval row read the ddp-bf16 row's saved model: they must run after it,
+    and the eval row runs only where lm_eval imports."""
+    matrix = bench_module("gpu_matrix")
+    names = [row.name for row in matrix.ROWS]
+    for name in matrix.USES_BASE:
+        assert names.index(matrix.QLORA_BASE) < names.index(name)
+    (evaluation,) = [row for row in matrix.ROWS if row.kind == "eval"]
+    assert evaluation.needs == ("lm_eval",) and evaluation.overrides == ("--tasks", "arith")
+    assert matrix.eval_split(1) == ("--shard",)
+    assert matrix.eval_split(4) == ("--processes", "4")
