@@ -69,6 +69,21 @@ def model_source(model_dir: Path) -> ModelSource:
                        run_dir)
 
 
+def saved_chat_template(model_dir: Path) -> bool | None:
+    """Whether the tokenizer saved in model_dir has a chat template (transformers 5's
+    chat_template.jinja, or the key in tokenizer_config.json); None where no tokenizer is
+    saved there (an adapter without one, a hub id): not known here."""
+    config = model_dir / "tokenizer_config.json"
+    if any((model_dir / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    if not config.is_file():
+        return None
+    try:
+        return bool(json.loads(config.read_text()).get("chat_template"))
+    except (OSError, ValueError):
+        return None
+
+
 def load_model(source: ModelSource, cfg: RunConfig | None) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) for the kinds the harness cannot load itself."""
     from launcher.inference.chat import load_for_inference

@@ -19,7 +19,12 @@ from launcher.config.schema import EvalConfig, RunConfig
 from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
 from launcher.errors import ConfigError
 from launcher.evaluation.harness import evaluate, table
-from launcher.evaluation.models import initial_weights, load_model, model_source
+from launcher.evaluation.models import (
+    initial_weights,
+    load_model,
+    model_source,
+    saved_chat_template,
+)
 from launcher.evaluation.processes import (
     evaluate_in_processes,
     gpu_count,
@@ -43,9 +48,11 @@ class Request:
 
 def ftl_eval(request: Request) -> int:
     """The verb: a run dir evaluates as `ftl train` does after training; a model dir alone."""
+    typed_template = request.settings.get("apply_chat_template")
     if (request.target / CONFIG).is_file():
         cfg = _with_settings(load_run_config(request.target / CONFIG), request.settings)
-        evaluate_run(cfg, RunDir(request.target), _check(cfg.eval, "ftl eval", "plain"))
+        evaluate_run(cfg, RunDir(request.target), _check(cfg.eval, "ftl eval", "plain"),
+                     typed_template)
         return 0
     if request.settings.get("before"):
         raise ConfigError(f"--before with {request.target}: the starting weights are known "
@@ -55,6 +62,7 @@ def ftl_eval(request: Request) -> int:
     base = (load_run_config(source.run_dir / CONFIG) if source.run_dir
             else compose_config([]))
     cfg = _with_settings(base, request.settings)
+    cfg = replace(cfg, eval=chat_template_rule(cfg.eval, source.path, typed_template))
     if source.kind != "plain" and cfg.eval.shard:
         raise ConfigError(f"--shard with {source.path}: ftl loads a {source.kind} model "
                           "itself, on one device. Fix: leave --shard out.")
@@ -71,11 +79,13 @@ def ftl_eval(request: Request) -> int:
     return 0
 
 
-def evaluate_run(cfg: RunConfig, run_dir: RunDir,
-                 tasks: list[object] | None = None) -> list[EvalSummary]:
+def evaluate_run(cfg: RunConfig, run_dir: RunDir, tasks: list[object] | None = None,
+                 typed_template: bool | None = None) -> list[EvalSummary]:
     """eval.tasks on a finished run: its model/ (and with eval.before the weights it
     started from, first); each into RUN_DIR/eval/<timestamp>-<label>/, printed. `tasks`:
-    already loaded (ftl eval's check loads them), else loaded here."""
+    already loaded (ftl eval's check loads them), else loaded here. `typed_template`:
+    --apply-chat-template as typed to ftl eval (None: not typed)."""
+    cfg = replace(cfg, eval=chat_template_rule(cfg.eval, run_dir.model, typed_template))
     if tasks is None:
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
     summaries = []
@@ -95,6 +105,22 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir,
     if len(summaries) == 2:
         print(before_after(*summaries), flush=True)
     return summaries
+
+
+def chat_template_rule(ev: EvalConfig, model_dir: Path, typed: bool | None) -> EvalConfig:
+    """eval.apply_chat_template against the tokenizer saved with the model: with no chat
+    template there (a model trained on dataset.format=text, a base model) the harness fails
+    at the first prompt, so the default turns off with one line; a typed
+    --apply-chat-template is refused with the fix, before any model loads."""
+    if not ev.apply_chat_template or saved_chat_template(model_dir) is not False:
+        return ev
+    if typed:
+        raise ConfigError(f"--apply-chat-template with {model_dir}: its tokenizer has no "
+                          "chat template. Fix: --no-apply-chat-template (prompts as plain "
+                          "text), or a model saved with a chat template.")
+    print(f"ftl eval: {model_dir}'s tokenizer has no chat template: prompts go in as plain "
+          "text (eval.apply_chat_template=false).", flush=True)
+    return replace(ev, apply_chat_template=False)
 
 
 def _score(model: Any, tokenizer: Any, tasks: list[object], ev: EvalConfig,

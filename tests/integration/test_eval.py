@@ -10,6 +10,7 @@ Offline refusals: tests/unit/test_eval_tasks.py."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,3 +66,18 @@ def test_lora_adapter_answers_as_its_merged_model(
     answers = [[json.loads(line)["resps"] for line in d.samples("arith").read_text()
                 .splitlines()] for d in (adapter, merged)]
     assert len(answers[0]) == 6 and answers[0] == answers[1]
+
+    # The same model saved without a chat template (as dataset.format=text saves one):
+    # the default turns the template off with one line; typed, it is refused before loading.
+    plain = tmp_path / "no-template"
+    shutil.copytree(run.run_dir / "model", plain, ignore=shutil.ignore_patterns("adapter"))
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    code = main(["eval", str(plain), "--tasks", "arith", "--limit", "2"])
+    done = capsys.readouterr()
+    assert code == 0 and "has no chat template: prompts go in as plain text" in done.out, (
+        done.out[-3000:] + done.err[-3000:])
+    assert main(["eval", str(plain), "--tasks", "arith", "--apply-chat-template"]) == 2
+    assert "Fix: --no-apply-chat-template" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The harness's tasks as `ftl eval` and `eval.tasks` load them: the bundled demo task from
 any directory, offline; a hub task whose data is not cached and an unknown name refused in
-one error, with the fix; the eval.* rules; `--before` on a model dir refused."""
+one error, with the fix; the eval.* rules; `--before` on a model dir refused; a model
+saved without a chat template."""
 
 from __future__ import annotations
 
@@ -51,6 +52,27 @@ def test_eval_keys_are_checked_with_their_fixes() -> None:
 def test_before_with_a_model_dir_is_refused_not_ignored(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--before with .*Fix: ftl eval RUN_DIR --before"):
         ftl_eval(Request(Path(tmp_path), {"tasks": ["arith"], "before": True}))
+
+
+def test_a_model_without_a_chat_template_is_prompted_as_plain_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """eval.apply_chat_template (on by default) with a tokenizer saved without a chat
+    template (dataset.format=text): the harness would fail at its first prompt, so the
+    default turns off with one line and a typed --apply-chat-template is refused."""
+    from launcher.evaluation.models import saved_chat_template
+    from launcher.evaluation.verb import chat_template_rule
+
+    assert saved_chat_template(tmp_path) is None  # no tokenizer saved: not known
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    assert saved_chat_template(tmp_path) is False
+    on = EvalConfig(tasks=["arith"])
+    assert chat_template_rule(on, tmp_path, None).apply_chat_template is False
+    assert "has no chat template: prompts go in as plain text" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"--apply-chat-template with .*Fix: "
+                                          r"--no-apply-chat-template"):
+        chat_template_rule(on, tmp_path, True)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    assert chat_template_rule(on, tmp_path, True) == on
 
 
 def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
