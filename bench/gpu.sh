@@ -4,6 +4,8 @@
 #
 #     bash bench/gpu.sh            # from a checkout of this repository; nothing else needed
 #     bash bench/gpu.sh --plan     # (or PLAN=1) anywhere: the plan only, nothing installed
+#     bash bench/gpu.sh --dry      # every row on this CPU at toy sizes with .venv (~2 min):
+#                                  # the matrix's own code checked before a GPU runs it
 #
 # Needs: the NVIDIA driver, python3 (>= 3.10) and pip with access to PyPI (or WHEELS, below).
 # No CUDA toolkit (nvcc): torch's PyPI wheel bundles the CUDA runtime, cuDNN and NCCL, and the
@@ -60,6 +62,9 @@ if [ "${1:-}" = --plan ] || [ "${PLAN:-0}" = 1 ]; then
         exec "$ROOT/.venv/bin/python" bench/gpu_matrix.py --plan --check
     fi
     exec python3 bench/gpu_matrix.py --plan
+fi
+if [ "${1:-}" = --dry ]; then
+    exec "$ROOT/.venv/bin/python" bench/gpu_matrix.py --dry
 fi
 command -v nvidia-smi >/dev/null || {
     echo "gpu.sh: nvidia-smi not found: no NVIDIA driver (bash bench/gpu.sh --plan: the plan)" >&2

@@ -5,6 +5,7 @@ budget (8 minutes with the installation; bench/gpu.sh installs, then calls this)
     python bench/gpu_matrix.py --plan           # the rows, overrides, budget: no GPU, no install
     python bench/gpu_matrix.py --plan --check   # and `ftl plan` of every row here (GPU preset)
     python bench/gpu_matrix.py                  # on a GPU, in the GPU environment: run them
+    python bench/gpu_matrix.py --dry            # every row on CPU at toy sizes (~3 min)
 
 Every row trains a model built from config on synthetic text rows of exactly
 dataset.max_length=2048 tokens (no hub, no padding, no packing), $STEPS steps of micro batch
@@ -61,6 +62,10 @@ MOE = ("model=tiny-moe", "model.name=moe-0.4b", "model.hidden_size=1024", "model
 """configs/model/tiny-moe.yaml (Qwen3-MoE) scaled up: 405M parameters, 16 experts of width
 512 per layer, 2 per token; under ZeRO-3 DeepSpeed makes the experts leaf modules."""
 MODELS = {"llama-1b": LLAMA_1B, "moe-0.4b": MOE}
+DRY_MODELS = {"llama-1b": ("model=tiny-llama", "model.intermediate_size=192"),
+              "moe-0.4b": ("model=tiny-moe",)}
+"""--dry: the presets built from config (intermediate 192: bitsandbytes' CPU 4-bit kernel
+packs output features in blocks of 32, so QLoRA's row runs too)."""
 QLORA_BASE = "ddp-bf16"
 """The row whose saved model (RUN_DIR/model, the 1.1B Llama in bf16) QLoRA quantizes and
 the eval row scores."""
@@ -131,6 +136,10 @@ class Settings:
     """Scratch (data, run dirs, logs): WORK, else a new temporary folder when rows run."""
     budget_s: int = BUDGET_S
     start: float = field(default_factory=time.time)
+    dry: bool = False
+    """--dry: every row on this machine's CPU (cpu preset, 2 ranks, the tiny models, 64
+    tokens): the glue (runs, measures, records, the eval row's comparison) checked before
+    a GPU's minutes go into it; results under WORK, never bench/results."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -176,11 +185,12 @@ def write_text_rows(path: Path, rows: int) -> None:
 
 def common_overrides(s: Settings) -> list[str]:
     work = s.work or Path("WORK")  # the plan prints the placeholder
+    length, ranks, micro = (64, 2, 2) if s.dry else (2048, s.gpus, s.micro)
     return [f"dataset.path={work / 'text.jsonl'}", "dataset.format=text", "dataset.eval_path=",
-            "dataset.eval_fraction=0", "dataset.max_length=2048", "dataset.packing=false",
+            "dataset.eval_fraction=0", f"dataset.max_length={length}", "dataset.packing=false",
             f"dataset.cache_dir={work / 'data'}", f"cluster.gpu={s.preset}",
-            f"cluster.gpus_per_node={s.gpus}", f"train.max_steps={s.steps}",
-            f"train.micro_batch_size={s.micro}", "train.grad_accum=1", "train.lr=1e-4",
+            f"cluster.gpus_per_node={ranks}", f"train.max_steps={s.steps}",
+            f"train.micro_batch_size={micro}", "train.grad_accum=1", "train.lr=1e-4",
             "train.warmup_ratio=0.1", "train.logging_steps=4", "train.eval_steps=0",
             "train.save_steps=100000", "train.eval_on_start=false", "train.optimizer=torch",
             "train.show_examples=0"]
@@ -192,7 +202,8 @@ def row_argv(row: Row, s: Settings, verb: str, out: Path, base_model: Path | Non
                  "{_target_:bench.callbacks.NoFinalCheckpoint}]")
     overrides = [o.replace(f"<{QLORA_BASE} RUN_DIR>/model", str(base_model))
                  if base_model is not None else o for o in row.overrides]
-    return [sys.executable, "-m", "launcher", verb, *MODELS[row.model], *common_overrides(s),
+    model = (DRY_MODELS if s.dry else MODELS)[row.model]
+    return [sys.executable, "-m", "launcher", verb, *model, *common_overrides(s),
             *overrides, f"run.output_dir={out / 'runs'}", callbacks]
 
 
@@ -420,6 +431,9 @@ def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
     record["wall_s"] = round(time.time() - began, 1)
     if code is None:
         return {**record, "status": "timed out", "error_tail": tail(log)}
+    if code == 2 and s.dry:  # a GPU-only switch refused before launch: what CPU says
+        refusal = tail(log).strip().splitlines()[-1:]
+        return {**record, "status": "skipped", "reason": f"refused on CPU: {' '.join(refusal)}"}
     if code != 0:
         errors = "".join(tail(p, 1500) for p in (out / "runs").glob("*/*/logs/rank*.error"))
         return {**record, "status": "failed", "exit": code,
@@ -438,7 +452,9 @@ def run_eval(row: Row, s: Settings, model: Path) -> dict[str, Any]:
     GPUs (--processes N with 2+, else --shard), each into its own RUN_DIR/eval/<stamp>/.
     Passed when both scored every example into results.json and per-sample logs and at
     least 95 % of the answers agree (the split batches differently: bf16 sums may differ)."""
-    split = eval_split(s.gpus)
+    # --dry: CPU splits nothing (--shard and --processes are refused there); another batch
+    # size still runs the comparison
+    split = ("--batch-size", "7") if s.dry else eval_split(s.gpus)
     log = s.work / "logs" / f"{row.name}.log"
     record: dict[str, Any] = {"log": str(log), "split": " ".join(split)}
     began = time.time()
@@ -503,10 +519,12 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
     s.work = s.work or Path(tempfile.mkdtemp(prefix="ftl-gpu-check."))
     needed = {m for row in rows for m in row.needs}
     found = probe(needed)
-    if not found["gpu"]:
+    if s.dry:
+        found.update(gpu=f"none: --dry on {os.cpu_count()} CPU cores", gib=0)
+    elif not found["gpu"]:
         sys.exit(f"gpu_matrix: torch {found['torch']} (CUDA {found['cuda']}) sees no GPU: "
                  "is the driver new enough for this CUDA build?")
-    s.preset = preset_for(found["gpu"], found["gib"])
+    s.preset = "cpu" if s.dry else preset_for(found["gpu"], found["gib"])
     s.say(f"GPU {found['gpu']} ({found['gib']:.0f} GiB, preset {s.preset}); torch "
           f"{found['torch']} CUDA {found['cuda']}; not importable: {found['missing'] or 'none'}")
     write_text_rows(s.work / "text.jsonl", max(64, s.steps * s.micro))
@@ -551,13 +569,15 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": found["gpu"],
             "gpu_gib": found["gib"], "preset": s.preset, "torch": found["torch"],
             "cuda": found["cuda"], "steps": s.steps, "timed_from_step": WARM,
-            "micro_batch": s.micro, "seq_len": 2048, "gpus": s.gpus, "budget_s": s.budget_s,
+            "micro_batch": 2 if s.dry else s.micro, "seq_len": 64 if s.dry else 2048,
+            "gpus": s.gpus, "budget_s": s.budget_s, "dry": s.dry,
             "install_s": float(os.environ.get("INSTALLED") or 0),
             "total_s": round(s.elapsed(), 1), "versions": versions(),
             "models": {name: list(o) for name, o in MODELS.items()}}
     name = "gpu_matrix" if not (os.environ.get("ROWS") or os.environ.get("STRATEGIES")) \
         else "gpu_matrix-partial"
-    folder = Path(os.environ.get("RESULTS") or ROOT / "bench" / "results")
+    folder = (s.work / "results" if s.dry
+              else Path(os.environ.get("RESULTS") or ROOT / "bench" / "results"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.json").write_text(json.dumps(
         {"meta": meta, "rows": list(results.values())}, indent=2) + "\n")
@@ -584,7 +604,8 @@ def print_table(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> Non
         return format(value, spec) if isinstance(value, (int, float)) else "-"
 
     print(f"\n{meta['gpu']} ({meta['preset']}), torch {meta['torch']}, {meta['steps']} steps "
-          f"(timed from {meta['timed_from_step']}), micro {meta['micro_batch']} x 2048")
+          f"(timed from {meta['timed_from_step']}), micro {meta['micro_batch']} x "
+          f"{meta['seq_len']}")
     print(f"{'row':<11}{'status':<10}{'tok/s':>9}{'vs ddp':>7}{'TFLOP/s':>8}{'MFU':>7}"
           f"{'peak':>7}{'pred':>7}{'m/p':>6}{'run s':>7}")
     for r in results.values():
@@ -604,8 +625,14 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help="with --plan: `ftl plan` every row here (needs the project's "
                              "dependencies in this python)")
+    parser.add_argument("--dry", action="store_true",
+                        help="run the rows on this machine's CPU at toy sizes, to check the "
+                             "glue before a GPU run (results under WORK)")
     args = parser.parse_args()
     settings = Settings.from_env()
+    if args.dry:
+        settings = replace(settings, dry=True, steps=min(settings.steps, 8),
+                           budget_s=max(settings.budget_s, 900))
     rows = selected_rows()
     if args.plan:
         print_plan(rows, settings, args.check)

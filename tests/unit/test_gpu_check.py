@@ -61,3 +61,25 @@ def test_rows_that_use_the_base_model_come_after_it() -> None:
     assert evaluation.needs == ("lm_eval",) and evaluation.overrides == ("--tasks", "arith")
     assert matrix.eval_split(1) == ("--shard",)
     assert matrix.eval_split(4) == ("--processes", "4")
+
+
+@pytest.mark.full
+def test_every_row_runs_on_cpu_at_toy_sizes(tmp_path: Path) -> None:
+    """`bash bench/gpu.sh --dry`: the matrix's own code (runs, measures, records, the eval
+    row's comparison) on CPU, so a GPU's minutes never find a bug in it. A row refused on
+    CPU (fp16, flex) or whose package is missing here (Liger, FlashAttention) is skipped;
+    every other row passes (~2 min; `make test-full`)."""
+    import json
+    import os
+    import subprocess
+
+    done = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--dry"], capture_output=True,
+                          text=True, env={**os.environ, "WORK": str(tmp_path)}, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["row"]: r for r in json.loads(
+        (tmp_path / "results" / "gpu_matrix.json").read_text())["rows"]}
+    assert {name for name, r in rows.items() if r["status"] == "skipped"} <= {
+        "ddp-fp16", "attn-flex", "attn-fa2", "attn-fa3", "liger"}
+    assert rows["eval"]["status"] == "passed" and rows["eval"]["one_samples"] == 200
+    assert rows["eval"]["answers_agree"] >= 0.95
+    assert all(rows[n]["tokens_per_s"] > 0 for n in ("ddp-bf16", "qlora", "moe-zero3"))
