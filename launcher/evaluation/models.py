@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from launcher.engines.final_model import fused_pattern_warning_silenced
 from launcher.errors import ConfigError
 from launcher.inference.chat import check_causal_lm_dir
 from launcher.rundir import CONFIG, PLAN
@@ -114,7 +115,8 @@ def _adapter_on_base(source: ModelSource, cfg: RunConfig | None) -> tuple[Any, A
             f"{source.path}: a LoRA adapter outside a run dir whose base "
             f"({base_name or 'not named'}) is not a local directory. Fix: evaluate the "
             "run's merged model/ dir, or the adapter inside its run dir.")
-    return PeftModel.from_pretrained(base, str(source.path)).eval(), tokenizer
+    with fused_pattern_warning_silenced():
+        return PeftModel.from_pretrained(base, str(source.path)).eval(), tokenizer
 
 
 def initial_weights(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:

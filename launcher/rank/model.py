@@ -5,7 +5,6 @@ that the sources exist and that the combination is supported."""
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -14,6 +13,7 @@ from launcher.config.architecture import head_dim, is_moe
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig
 from launcher.engines.base import Engine
+from launcher.engines.final_model import fused_pattern_warning_silenced
 
 
 def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = False) -> Any:
@@ -177,14 +177,5 @@ def apply_peft(model: Any, cfg: RunConfig) -> Any:
         target_modules=peft_targets(cfg),
         task_type="CAUSAL_LM",
     )
-    with warnings.catch_warnings():
-        # peft 0.21 gives fused gate_up_proj rank and alpha 2x through rank_pattern and
-        # alpha_pattern, which it applies to the parameter, then checks the keys against
-        # module names only and warns that they were ignored: they were not (test_moe.py
-        # counts the 2r adapters). ftl has no pattern key of its own to be ignored.
-        warnings.filterwarnings("ignore", message=FUSED_PATTERN_WARNING, category=RuntimeWarning)
+    with fused_pattern_warning_silenced():
         return get_peft_model(model, lora)
-
-
-FUSED_PATTERN_WARNING = (r"The following (rank|alpha)_pattern keys did not match any targeted "
-                         r"module and were ignored: \[[^\]]*gate_up_proj'\]")
