@@ -51,8 +51,9 @@ def ftl_eval(request: Request) -> int:
     typed_template = request.settings.get("apply_chat_template")
     if (request.target / CONFIG).is_file():
         cfg = _with_settings(load_run_config(request.target / CONFIG), request.settings)
-        evaluate_run(cfg, RunDir(request.target), _check(cfg.eval, "ftl eval", "plain"),
-                     typed_template)
+        run_dir = RunDir(request.target)
+        template = chat_template_problem(run_dir.model, typed_template)
+        evaluate_run(cfg, run_dir, _check(cfg.eval, "ftl eval", "plain", template))
         return 0
     if request.settings.get("before"):
         raise ConfigError(f"--before with {request.target}: the starting weights are known "
@@ -62,11 +63,12 @@ def ftl_eval(request: Request) -> int:
     base = (load_run_config(source.run_dir / CONFIG) if source.run_dir
             else compose_config([]))
     cfg = _with_settings(base, request.settings)
-    cfg = replace(cfg, eval=chat_template_rule(cfg.eval, source.path, typed_template))
     if source.kind != "plain" and cfg.eval.shard:
         raise ConfigError(f"--shard with {source.path}: ftl loads a {source.kind} model "
                           "itself, on one device. Fix: leave --shard out.")
-    tasks = _check(cfg.eval, "ftl eval", source.kind)
+    tasks = _check(cfg.eval, "ftl eval", source.kind,
+                   chat_template_problem(source.path, typed_template))
+    cfg = replace(cfg, eval=chat_template_off(cfg.eval, source.path))
     run_dir = RunDir(request.output or source.run_dir
                      or Path(cfg.run.output_dir) / source.path.name)
     eval_dir = new_eval_dir(run_dir)
@@ -79,13 +81,12 @@ def ftl_eval(request: Request) -> int:
     return 0
 
 
-def evaluate_run(cfg: RunConfig, run_dir: RunDir, tasks: list[object] | None = None,
-                 typed_template: bool | None = None) -> list[EvalSummary]:
+def evaluate_run(cfg: RunConfig, run_dir: RunDir,
+                 tasks: list[object] | None = None) -> list[EvalSummary]:
     """eval.tasks on a finished run: its model/ (and with eval.before the weights it
     started from, first); each into RUN_DIR/eval/<timestamp>-<label>/, printed. `tasks`:
-    already loaded (ftl eval's check loads them), else loaded here. `typed_template`:
-    --apply-chat-template as typed to ftl eval (None: not typed)."""
-    cfg = replace(cfg, eval=chat_template_rule(cfg.eval, run_dir.model, typed_template))
+    already loaded (ftl eval's check loads them), else loaded here."""
+    cfg = replace(cfg, eval=chat_template_off(cfg.eval, run_dir.model))
     if tasks is None:
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
     summaries = []
@@ -107,17 +108,23 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir, tasks: list[object] | None = N
     return summaries
 
 
-def chat_template_rule(ev: EvalConfig, model_dir: Path, typed: bool | None) -> EvalConfig:
-    """eval.apply_chat_template against the tokenizer saved with the model: with no chat
-    template there (a model trained on dataset.format=text, a base model) the harness fails
-    at the first prompt, so the default turns off with one line; a typed
-    --apply-chat-template is refused with the fix, before any model loads."""
+def chat_template_problem(model_dir: Path, typed: bool | None) -> str | None:
+    """A typed --apply-chat-template for a model whose tokenizer was saved without a chat
+    template (a model trained on dataset.format=text, a base model): the harness would fail
+    at the first prompt. None when it can run."""
+    if not typed or saved_chat_template(model_dir) is not False:
+        return None
+    return (f"--apply-chat-template with {model_dir}: its tokenizer has no chat template. "
+            "Fix: --no-apply-chat-template (prompts as plain text), or a model saved with a "
+            "chat template.")
+
+
+def chat_template_off(ev: EvalConfig, model_dir: Path) -> EvalConfig:
+    """eval.apply_chat_template on (the default; a typed one without a template is refused
+    by chat_template_problem) for a model saved without a chat template: off, with one
+    line."""
     if not ev.apply_chat_template or saved_chat_template(model_dir) is not False:
         return ev
-    if typed:
-        raise ConfigError(f"--apply-chat-template with {model_dir}: its tokenizer has no "
-                          "chat template. Fix: --no-apply-chat-template (prompts as plain "
-                          "text), or a model saved with a chat template.")
     print(f"ftl eval: {model_dir}'s tokenizer has no chat template: prompts go in as plain "
           "text (eval.apply_chat_template=false).", flush=True)
     return replace(ev, apply_chat_template=False)
@@ -163,10 +170,11 @@ def _with_settings(cfg: RunConfig, settings: dict[str, object]) -> RunConfig:
     return replace(cfg, eval=replace(cfg.eval, **given))
 
 
-def _check(ev: EvalConfig, what: str, kind: str) -> list[object]:
+def _check(ev: EvalConfig, what: str, kind: str, template: str | None) -> list[object]:
     """The eval.* rules (eval.processes against this machine's GPUs and the model's
-    `kind`), the harness, and the tasks loaded offline: one ConfigError."""
-    problems = eval_key_problems(ev)
+    `kind`; `template`: chat_template_problem's), the harness, and the tasks loaded
+    offline: one ConfigError."""
+    problems = eval_key_problems(ev) + ([template] if template else [])
     if ev.processes > 1 and (problem := processes_problem(ev, kind, gpu_count())):
         problems.append(problem)
     if ev.shard and (problem := shard_problem(gpu_count())):

@@ -6,6 +6,7 @@ saved without a chat template."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,19 +61,23 @@ def test_a_model_without_a_chat_template_is_prompted_as_plain_text(
     template (dataset.format=text): the harness would fail at its first prompt, so the
     default turns off with one line and a typed --apply-chat-template is refused."""
     from launcher.evaluation.models import saved_chat_template
-    from launcher.evaluation.verb import chat_template_rule
+    from launcher.evaluation.verb import _check, chat_template_off, chat_template_problem
 
     assert saved_chat_template(tmp_path) is None  # no tokenizer saved: not known
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     assert saved_chat_template(tmp_path) is False
     on = EvalConfig(tasks=["arith"])
-    assert chat_template_rule(on, tmp_path, None).apply_chat_template is False
+    assert chat_template_problem(tmp_path, None) is None
+    assert chat_template_off(on, tmp_path).apply_chat_template is False
     assert "has no chat template: prompts go in as plain text" in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"--apply-chat-template with .*Fix: "
-                                          r"--no-apply-chat-template"):
-        chat_template_rule(on, tmp_path, True)
+                                          r"--no-apply-chat-template") as refused:
+        _check(replace(on, batch_size=0), "ftl eval", "plain",
+               chat_template_problem(tmp_path, True))
+    assert len(refused.value.problems) == 2  # with the others, in one error
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
-    assert chat_template_rule(on, tmp_path, True) == on
+    assert chat_template_problem(tmp_path, True) is None
+    assert chat_template_off(on, tmp_path) == on
 
 
 def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
