@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from launcher.config.architecture import head_dim, is_moe
+from launcher.config.architecture import all_linear, head_dim, is_moe
 from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig
 from launcher.engines.base import Engine
@@ -157,8 +157,7 @@ def peft_targets(cfg: RunConfig) -> str | list[str]:
     """peft.target_modules as peft takes them: all-linear only as the string (peft 0.21
     reads a list's "all-linear" as a module name and finds none); on an MoE model peft
     then maps it onto the experts and the router too (estimator/flops.py says what)."""
-    targets = list(cfg.peft.target_modules)
-    return "all-linear" if "all-linear" in targets else targets
+    return "all-linear" if all_linear(cfg) else list(cfg.peft.target_modules)
 
 
 def apply_peft(model: Any, cfg: RunConfig) -> Any:

@@ -8,6 +8,7 @@ from launcher.config.architecture import (
     DENSE_ARCHITECTURES,
     MOE_ARCHITECTURES,
     adapts_experts,
+    all_linear,
     is_moe,
 )
 from launcher.config.schema import RunConfig
@@ -111,7 +112,7 @@ def _moe_lora(cfg: RunConfig) -> list[str]:
          f"{m.name} (a mixture of experts): peft adapts the experts' 3-D weights and the "
          "router as parameters, which take no dropout. Fix: peft.dropout=0, or "
          f"{attention} to keep dropout (the experts and the router then stay frozen)."),
-        (others and "all-linear" not in targets,
+        (others and not all_linear(cfg),
          f"peft.target_modules=[{','.join(targets)}] with model={m.name} (a mixture of "
          f"experts): {', '.join(others)}: no nn.Linear of that name there (its MLP is "
          f"experts held as 3-D weights, and a router). Fix: {attention}, or a subset; "
