@@ -50,8 +50,9 @@
 # bench/gpu_wheelhouse.sh DIR liger-kernel==0.8.5` adds the Liger row's 0.9 MB wheel) with
 # --no-deps into SITE (.venv-gpu/site) beside the machine's own CUDA torch, and runs with
 # PYTHON (python3). SITE stays: a second run with another DIR adds its wheels (bitsandbytes'
-# 43 MB wheel alone, then ROWS="ddp-bf16 qlora", where one copy cannot carry it all). It then lists every requirement (pyproject.toml's ranges: a torch
-# >= 2.6 is accepted) the machine does not meet and goes on: the runs show whether it matters.
+# 43 MB wheel alone, then ROWS="ddp-bf16 qlora", where one copy cannot carry it all). It
+# then lists every requirement (pyproject.toml's ranges: a torch >= 2.6 is accepted) the
+# machine does not meet and goes on: the runs show whether it matters.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -151,6 +151,10 @@ class Settings:
                    budget_s=int(env.get("BUDGET_S") or BUDGET_S),
                    start=float(env.get("GPU_CHECK_START") or time.time()))
 
+    def shape(self) -> tuple[int, int, int]:
+        """(tokens per row, ranks, micro batch) the rows train with: --dry's toy sizes."""
+        return (64, 2, 2) if self.dry else (2048, self.gpus, self.micro)
+
     def elapsed(self) -> float:
         return time.time() - self.start
 
@@ -185,7 +189,7 @@ def write_text_rows(path: Path, rows: int) -> None:
 
 def common_overrides(s: Settings) -> list[str]:
     work = s.work or Path("WORK")  # the plan prints the placeholder
-    length, ranks, micro = (64, 2, 2) if s.dry else (2048, s.gpus, s.micro)
+    length, ranks, micro = s.shape()
     return [f"dataset.path={work / 'text.jsonl'}", "dataset.format=text", "dataset.eval_path=",
             "dataset.eval_fraction=0", f"dataset.max_length={length}", "dataset.packing=false",
             f"dataset.cache_dir={work / 'data'}", f"cluster.gpu={s.preset}",
@@ -569,8 +573,8 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": found["gpu"],
             "gpu_gib": found["gib"], "preset": s.preset, "torch": found["torch"],
             "cuda": found["cuda"], "steps": s.steps, "timed_from_step": WARM,
-            "micro_batch": 2 if s.dry else s.micro, "seq_len": 64 if s.dry else 2048,
-            "gpus": s.gpus, "budget_s": s.budget_s, "dry": s.dry,
+            "micro_batch": s.shape()[2], "seq_len": s.shape()[0], "gpus": s.gpus,
+            "budget_s": s.budget_s, "dry": s.dry,
             "install_s": float(os.environ.get("INSTALLED") or 0),
             "total_s": round(s.elapsed(), 1), "versions": versions(),
             "models": {name: list(o) for name, o in MODELS.items()}}
