@@ -27,11 +27,15 @@ Figures per strategy (medians of --runs runs, ratio = ours / baseline):
 
 Run: `.venv/bin/python bench/train_overhead.py` (part of `make bench`; about 5 minutes on 2
 cores; `--runs N --strategies ddp zero2`). Writes bench/results/train_overhead.json.
+`--contend N` runs N busy-looping processes beside both sides for the whole measurement (a
+machine shared with another job, where ftl once fell to half the script's speed) and writes
+bench/results/train_overhead_contended.json instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,19 +269,37 @@ def print_startup(entries: list[dict[str, Any]]) -> None:
             print(f"{e['strategy']} ftl train phases (s, medians): {phases}")
 
 
+@contextlib.contextmanager
+def contending(processes: int) -> Iterator[None]:
+    """`processes` pure-Python busy loops for the duration: another job on the same cores,
+    the same for ours and the baseline since their runs interleave."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--strategies", nargs="+", default=["ddp", "zero2"])
     parser.add_argument("--keep", help="work directory to keep (default: a temporary one)")
+    parser.add_argument("--contend", type=int, default=0, metavar="N",
+                        help="busy-looping processes beside the runs (default 0: none)")
     options = parser.parse_args()
     entries: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contending(options.contend):
         work = Path(options.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for strategy in options.strategies:
             entries += bench_strategy(strategy, work, options.runs)
-    report("train_overhead", entries)
+    if options.contend:
+        entries = [{**e, "contending_processes": options.contend} for e in entries]
+    report("train_overhead_contended" if options.contend else "train_overhead", entries)
     print_startup(entries)
     return 0
 
