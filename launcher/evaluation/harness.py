@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,32 @@ INSTANCE_WARNINGS = ("`pretrained` model kwarg is not of type `str`",
 
 def quiet_harness() -> None:
     """The harness logs every task folder and request at INFO: the console keeps its table,
-    and its warnings less the two about a loaded model."""
+    and its warnings less the two about a loaded model; and git's complaint outside a
+    checkout (quiet_git_hash)."""
+    import lm_eval.evaluator
+
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.WARNING)
     hf = logging.getLogger("lm_eval.models.huggingface")
     if not any(isinstance(f, _LoadedModelFilter) for f in hf.filters):
         hf.addFilter(_LoadedModelFilter())
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
+
+
+def quiet_git_hash() -> str | None:
+    """What the harness records as results.json's git_hash (`git describe --always` in the
+    working directory, else the hash its .git holds), without the "fatal: not a git
+    repository" that the harness lets git print after the scores wherever ftl eval runs
+    outside a checkout (lm-eval #1691, open upstream since 2024)."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+    except OSError:  # no git on this machine
+        done = None
+    if done is not None and done.returncode == 0:
+        return done.stdout.strip()
+    return get_commit_from_path(os.getcwd())
 
 
 class _LoadedModelFilter(logging.Filter):

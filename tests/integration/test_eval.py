@@ -33,7 +33,7 @@ def newest_eval(run_dir: Path) -> EvalDir:
 
 def test_lora_adapter_answers_as_its_merged_model(
     trained: Callable[..., Run], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     run = trained("lora-ddp-torchrun-fp32",  # test_train_peft.py's run: same name, overrides
                   ["strategy=ddp", "peft=lora", *EXPERT_LORA,
@@ -46,8 +46,9 @@ def test_lora_adapter_answers_as_its_merged_model(
         code = main(["eval", str(run.run_dir / "model" / "adapter"), "--tasks",
                      "arith,my_sums", "--include-path", str(tasks),
                      "--limit", "6"])  # the CLI, in this process
-    done = capsys.readouterr()
+    done = capfd.readouterr()
     assert code == 0, done.out[-3000:] + done.err[-3000:]
+    assert "not a git repository" not in done.err  # the harness's git call, outside a checkout
     # peft's false "rank_pattern keys ... were ignored" on the experts' adapter, loading it
     assert not [w for w in caught if "pattern keys did not match" in str(w.message)]
     adapter = newest_eval(run.run_dir)
@@ -82,8 +83,8 @@ def test_lora_adapter_answers_as_its_merged_model(
     config.pop("chat_template", None)
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     code = main(["eval", str(plain), "--tasks", "arith", "--limit", "2"])
-    done = capsys.readouterr()
+    done = capfd.readouterr()
     assert code == 0 and "has no chat template: prompts go in as plain text" in done.out, (
         done.out[-3000:] + done.err[-3000:])
     assert main(["eval", str(plain), "--tasks", "arith", "--apply-chat-template"]) == 2
-    assert "Fix: --no-apply-chat-template" in capsys.readouterr().err
+    assert "Fix: --no-apply-chat-template" in capfd.readouterr().err

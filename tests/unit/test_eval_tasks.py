@@ -113,3 +113,23 @@ def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
     assert argv[-3:] == ["--module", "launcher.evaluation.worker", "/run/eval/x/request.json"]
+
+
+def test_the_results_git_hash_is_read_without_git_complaining_outside_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:
+    import subprocess
+
+    import lm_eval.evaluator
+
+    from launcher.evaluation.harness import quiet_git_hash, quiet_harness
+
+    quiet_harness()
+    assert lm_eval.evaluator.get_git_commit_hash is quiet_git_hash  # what simple_evaluate calls
+    monkeypatch.chdir(PROJECT_ROOT)
+    head = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout (CI's clone is one): the harness's own value
+        assert quiet_git_hash() == head.stdout.strip()
+    monkeypatch.chdir(tmp_path)
+    assert quiet_git_hash() is None
+    assert "not a git repository" not in capfd.readouterr().err
