@@ -203,14 +203,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 @verb("chat", "talk to a trained (or quantized) model: ftl chat MODEL_DIR [--prompt TEXT]",
-      arg("model_dir", help="a model/ dir or an ftl quantize output"),
+      arg("model_dir", help="a model/ dir, a LoRA adapter (model/adapter) or an ftl quantize "
+          "output"),
       arg("--prompt", help="one message; without it: a loop on stdin"),
       arg("--system", help="a system message"),
       arg("--max-new-tokens", type=int, default=128))
 def cmd_chat(args: argparse.Namespace) -> int:
+    from launcher.evaluation.models import load_model_dir
     from launcher.inference.chat import chat
 
-    return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens)
+    return chat(Path(args.model_dir), args.prompt, args.system, args.max_new_tokens,
+                load=load_model_dir)
 
 
 @verb("eval", "benchmark a model on lm-evaluation-harness tasks, offline: ftl eval "

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from launcher.config.compose import load_run_config
 from launcher.engines.final_model import fused_pattern_warning_silenced
 from launcher.errors import ConfigError
-from launcher.inference.chat import check_causal_lm_dir
+from launcher.inference.chat import check_causal_lm_dir, load_for_inference
 from launcher.rundir import CONFIG, PLAN
 
 if TYPE_CHECKING:
@@ -85,10 +86,18 @@ def saved_chat_template(model_dir: Path) -> bool | None:
         return None
 
 
+def load_model_dir(model_dir: Path) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) from any dir model_source accepts, outside the
+    harness (`ftl chat`): an adapter on its run's base, the others as they are saved."""
+    source = model_source(model_dir)
+    if source.kind == "adapter":
+        cfg = load_run_config(source.run_dir / CONFIG) if source.run_dir else None
+        return _adapter_on_base(source, cfg)
+    return load_for_inference(source.path)
+
+
 def load_model(source: ModelSource, cfg: RunConfig | None) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) for the kinds the harness cannot load itself."""
-    from launcher.inference.chat import load_for_inference
-
     if source.kind == "quantized":
         return load_for_inference(source.path)
     return _adapter_on_base(source, cfg)

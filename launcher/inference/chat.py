@@ -1,4 +1,5 @@
-"""`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model.
+"""`ftl chat MODEL_DIR`: try a fine-tuned, merged or `ftl quantize`d model (or, loaded by
+the caller, a LoRA adapter).
 
 Replies are greedy, so the same prompt always gives the same answer (what a
 before/after-quantization check needs). The template: the tokenizer's own chat template with
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,13 @@ def answers(model: Any, tokenizer: Any, conversations: Sequence[list[dict[str, s
     return out
 
 
-def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens: int) -> int:
-    """One answer for --prompt, else a loop reading prompts from stdin until EOF or /exit."""
+def chat(model_dir: Path, prompt: str | None, system: str | None, max_new_tokens: int,
+         load: Callable[[Path], tuple[Any, Any]] = load_for_inference) -> int:
+    """One answer for --prompt, else a loop reading prompts from stdin until EOF or /exit.
+    `load`: (model, tokenizer) for model_dir (the CLI's also loads LoRA adapters)."""
     if max_new_tokens <= 0:
         raise ConfigError(f"--max-new-tokens {max_new_tokens}: must be positive. Fix: e.g. 128.")
-    model, tokenizer = load_for_inference(model_dir)
+    model, tokenizer = load(model_dir)
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
         print(answers(model, tokenizer, [[*messages, {"role": "user", "content": prompt}]],

@@ -2,8 +2,8 @@
 adapter (the tiny MoE's, on its experts and router too) through the CLI (in process), from
 another folder, on the bundled task and a user task from --include-path (files in the run
 dir, the harness's table), loaded on the base its run rebuilds, answers every example
-exactly as its merged model/ does, scored by a worker of eval.processes' `accelerate
-launch` (one: CPU splits nothing). ftl train's eval.tasks
+exactly as its merged model/ does (in `ftl chat` too), scored by a worker of
+eval.processes' `accelerate launch` (one: CPU splits nothing). ftl train's eval.tasks
 (before and after, >= 90 % on the demo): test_ftl_train.py; under Slurm: test_slurm.py.
 Offline refusals: tests/unit/test_eval_tasks.py."""
 
@@ -88,3 +88,12 @@ def test_lora_adapter_answers_as_its_merged_model(
         done.out[-3000:] + done.err[-3000:])
     assert main(["eval", str(plain), "--tasks", "arith", "--apply-chat-template"]) == 2
     assert "Fix: --no-apply-chat-template" in capfd.readouterr().err
+
+    # ftl chat takes the adapter too (loaded on its run's base) and answers as model/ does.
+    replies = []
+    for path in (run.run_dir / "model" / "adapter", run.run_dir / "model"):
+        code = main(["chat", str(path), "--prompt", "12+30", "--max-new-tokens", "6"])
+        done = capfd.readouterr()
+        assert code == 0, done.err[-3000:]
+        replies.append(done.out)
+    assert replies[0] == replies[1] and replies[0].strip(), replies
