@@ -32,7 +32,7 @@ from launcher.rank.startup import collective_timeout, join_world
 from launcher.rank.training import keep_freed_memory, make_trainer, training_arguments
 from launcher.rank.watchdog import exit_now as exit_without_teardown
 from launcher.rank.watchdog import start_watchdog
-from launcher.rundir import STREAM_STATE, RunDir, RunResult, read_stream_state
+from launcher.rundir import STREAM_STATE, PlanRecord, RunDir, RunResult, read_stream_state
 from launcher.rundir.checkpoints import checkpoint_step, checkpoint_to_load
 
 
@@ -115,13 +115,21 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
     timing.mark("trainer_built")
     if resume is not None:
         print(f"[ftl] rank {args.process_index}: resuming from {resume}", flush=True)
-    start_step = (checkpoint_step(resume) or 0) if resume is not None else 0
     from launcher.rank.preempt import stop_on_signals  # after import_stack: it imports transformers
-    from launcher.rank.tracker_runs import attach, close_runs
+    from launcher.rank.tracker_runs import attach
 
     attach(trainer, cfg, run_dir, plan, resume)  # rank 0: wandb/mlflow runs, continued
     stop_on_signals()  # SIGTERM/SIGINT from here on: save at a step boundary, then stop
     trainer.train(resume_from_checkpoint=str(load_from) if load_from else None)
+    conclude(trainer, cfg, engine, run_dir, plan, resume)
+
+
+def conclude(trainer: Any, cfg: RunConfig, engine: Engine, run_dir: RunDir, plan: PlanRecord,
+             resume: Path | None) -> NoReturn:
+    """After trainer.train(): a stopped run leaves its checkpoint to resume from; a finished
+    one its final eval, model/, memory record and result.json."""
+    from launcher.rank.tracker_runs import close_runs
+
     timing.mark("train_end")
     if trainer.state.global_step < trainer.state.max_steps:
         # Stopped early (preemption, a stop request): the last complete checkpoint is the
@@ -138,7 +146,9 @@ def train(run_dir: RunDir, cfg: RunConfig, engine: Engine) -> NoReturn:
 
     record_finish(trainer)
     memory = memtrace.record_memory(trainer, run_dir, plan)  # every rank: a collective
-    result = collect_result(trainer, final_eval, resume_text, start_step, model_dir, memory)
+    start_step = (checkpoint_step(resume) or 0) if resume is not None else 0
+    result = collect_result(trainer, final_eval, str(resume) if resume else None, start_step,
+                            model_dir, memory)
     if trainer.is_world_process_zero():
         run_dir.write_result(result)
         print(f"[ftl] done: model saved to {model_dir}", flush=True)
