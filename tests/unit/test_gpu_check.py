@@ -1,13 +1,18 @@
 """The GPU check's preparation, which runs here (bench/gpu_matrix.py, bench/wheel_closure.py):
-what a GPU machine without a registry gets carried, and the order the matrix's rows need.
-The rows themselves run only on a GPU (`make test-gpu`)."""
+what a GPU machine without a registry gets carried, the order the matrix's rows need, and
+the matrix's own code at toy sizes on CPU (`--dry`: two rows here, every row in `make
+test-full`). The rows at their real sizes run only on a GPU (`make test-gpu`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -63,21 +68,35 @@ def test_rows_that_use_the_base_model_come_after_it() -> None:
     assert matrix.eval_split(4) == ("--processes", "4")
 
 
+def dry_run(work: Path, rows: str | None = None) -> dict[str, dict[str, Any]]:
+    """`bash bench/gpu.sh --dry` (ROWS: a subset) in `work`; its rows' records by name."""
+    env = {**os.environ, "WORK": str(work)}
+    if rows:
+        env["ROWS"] = rows
+    done = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--dry"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    name = "gpu_matrix-partial.json" if rows else "gpu_matrix.json"
+    return {r["row"]: r for r in json.loads((work / "results" / name).read_text())["rows"]}
+
+
+@pytest.mark.slow
+def test_a_train_row_and_the_eval_row_run_on_cpu_at_toy_sizes(tmp_path: Path) -> None:
+    """make test's twin of the whole --dry matrix below: the matrix's run, measure and
+    record code, a train row's figures and the eval row's comparison (~30 s)."""
+    rows = dry_run(tmp_path, "ddp-bf16 eval")
+    assert rows["ddp-bf16"]["status"] == "passed" and rows["ddp-bf16"]["tokens_per_s"] > 0
+    assert rows["eval"]["status"] == "passed" and rows["eval"]["one_samples"] == 200
+    assert rows["eval"]["answers_agree"] >= 0.95
+
+
 @pytest.mark.full
 def test_every_row_runs_on_cpu_at_toy_sizes(tmp_path: Path) -> None:
     """`bash bench/gpu.sh --dry`: the matrix's own code (runs, measures, records, the eval
     row's comparison) on CPU, so a GPU's minutes never find a bug in it. A row refused on
     CPU (fp16, flex) or whose package is missing here (Liger, FlashAttention) is skipped;
     every other row passes (~2 min; `make test-full`)."""
-    import json
-    import os
-    import subprocess
-
-    done = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--dry"], capture_output=True,
-                          text=True, env={**os.environ, "WORK": str(tmp_path)}, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = {r["row"]: r for r in json.loads(
-        (tmp_path / "results" / "gpu_matrix.json").read_text())["rows"]}
+    rows = dry_run(tmp_path)
     assert {name for name, r in rows.items() if r["status"] == "skipped"} <= {
         "ddp-fp16", "attn-flex", "attn-fa2", "attn-fa3", "liger"}
     assert rows["eval"]["status"] == "passed" and rows["eval"]["one_samples"] == 200
