@@ -38,7 +38,8 @@
 # STRATEGIES (instead of the matrix, one bf16 row per item; an item may carry overrides
 # after colons: "zero3:strategy.bucket_size=50000000"), BUDGET_S (480), FTL_GPU_PRESET,
 # KEEP=1 (keep the run dirs), WORK (scratch dir), RESULTS (bench/results), GPUS (1: ranks on
-# this machine), FLASH_ATTN_WHEEL, CHECK=0 (--plan without `ftl plan` of each row).
+# this machine), FLASH_ATTN_WHEEL, CHECK=0 (--plan without `ftl plan` of each row). Bad
+# ROWS, STEPS (at least 5), MICRO, GPUS or BUDGET_S: one message, exit 2, before installing.
 # Tensor and sequence parallelism need 2+ GPUs (one H200 cannot show them): on such a
 # machine, GPUS=2 STRATEGIES="zero3 zero1:parallel.tp=2 zero3:parallel.sp=2" adds a TP and
 # an SP row (tokens/s, peak memory vs the estimate) beside plain zero3 on the same 2 GPUs.
@@ -67,6 +68,8 @@ fi
 if [ "${1:-}" = --dry ]; then
     exec "$ROOT/.venv/bin/python" bench/gpu_matrix.py --dry
 fi
+# The knobs (ROWS, STEPS, MICRO, GPUS, BUDGET_S) checked before a minute goes into installing.
+python3 bench/gpu_matrix.py --validate || exit 2
 command -v nvidia-smi >/dev/null || {
     echo "gpu.sh: nvidia-smi not found: no NVIDIA driver (bash bench/gpu.sh --plan: the plan)" >&2
     exit 1; }

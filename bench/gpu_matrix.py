@@ -142,14 +142,26 @@ class Settings:
     a GPU's minutes go into it; results under WORK, never bench/results."""
 
     @classmethod
-    def from_env(cls) -> Settings:
+    def from_env(cls, problems: list[str]) -> Settings:
+        """From the knobs; each bad one added to `problems` (its default used)."""
         env = os.environ
-        return cls(steps=int(env.get("STEPS") or 12), micro=int(env.get("MICRO") or 4),
-                   gpus=int(env.get("GPUS") or 1),
-                   preset=env.get("FTL_GPU_PRESET") or "h100-80g",
-                   work=Path(env["WORK"]) if env.get("WORK") else None,
-                   budget_s=int(env.get("BUDGET_S") or BUDGET_S),
-                   start=float(env.get("GPU_CHECK_START") or time.time()))
+
+        def number(name: str, default: int, least: int, what: str) -> int:
+            text = env.get(name) or str(default)
+            if not text.isdigit() or int(text) < least:
+                problems.append(f"{name}={text}: {what} (at least {least})")
+                return default
+            return int(text)
+
+        settings = cls(steps=number("STEPS", 12, WARM + 1, "steps per row; the first "
+                                    f"{WARM} are not timed"),
+                       micro=number("MICRO", 4, 1, "the micro batch"),
+                       gpus=number("GPUS", 1, 1, "GPUs per row"),
+                       preset=env.get("FTL_GPU_PRESET") or "h100-80g",
+                       work=Path(env["WORK"]) if env.get("WORK") else None,
+                       budget_s=number("BUDGET_S", BUDGET_S, 1, "seconds for the whole check"),
+                       start=float(env.get("GPU_CHECK_START") or time.time()))
+        return settings
 
     def shape(self) -> tuple[int, int, int]:
         """(tokens per row, ranks, micro batch) the rows train with: --dry's toy sizes."""
@@ -162,8 +174,9 @@ class Settings:
         print(f"[gpu +{self.elapsed():.0f}s] {text}", flush=True)
 
 
-def selected_rows() -> tuple[Row, ...]:
-    """ROWS (names) from the matrix, or STRATEGIES' bf16 rows in place of it."""
+def selected_rows(problems: list[str]) -> tuple[Row, ...]:
+    """ROWS (names) from the matrix, or STRATEGIES' bf16 rows in place of it; unknown
+    names added to `problems`."""
     if os.environ.get("STRATEGIES"):
         return tuple(Row(item, "a strategy row (STRATEGIES)",
                          (f"strategy={item.split(':')[0]}", "precision=bf16",
@@ -172,8 +185,8 @@ def selected_rows() -> tuple[Row, ...]:
     names = os.environ.get("ROWS", "").split()
     unknown = sorted(set(names) - {row.name for row in ROWS})
     if unknown:
-        sys.exit(f"gpu_matrix: unknown ROWS {unknown}; the rows: "
-                 f"{' '.join(row.name for row in ROWS)}")
+        problems.append(f"ROWS: unknown {unknown} (the rows: "
+                        f"{' '.join(row.name for row in ROWS)})")
     return tuple(row for row in ROWS if not names or row.name in names)
 
 
@@ -629,15 +642,24 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help="with --plan: `ftl plan` every row here (needs the project's "
                              "dependencies in this python)")
+    parser.add_argument("--validate", action="store_true",
+                        help="check ROWS, STEPS, MICRO, GPUS and BUDGET_S only (exit 2 when bad)")
     parser.add_argument("--dry", action="store_true",
                         help="run the rows on this machine's CPU at toy sizes, to check the "
                              "glue before a GPU run (results under WORK)")
     args = parser.parse_args()
-    settings = Settings.from_env()
+    problems: list[str] = []
+    settings = Settings.from_env(problems)
+    rows = selected_rows(problems)
+    if problems:  # all of them at once, before gpu.sh installs anything (--validate)
+        print("gpu_matrix: " + "; ".join(problems) + ". Fix: unset a knob for its default "
+              "(STEPS=12 MICRO=4 GPUS=1 BUDGET_S=480, every row).", file=sys.stderr)
+        return 2
     if args.dry:
         settings = replace(settings, dry=True, steps=min(settings.steps, 8),
                            budget_s=max(settings.budget_s, 900))
-    rows = selected_rows()
+    if args.validate:
+        return 0
     if args.plan:
         print_plan(rows, settings, args.check)
         return 0

@@ -68,6 +68,18 @@ def test_rows_that_use_the_base_model_come_after_it() -> None:
     assert matrix.eval_split(4) == ("--processes", "4")
 
 
+def test_bad_knobs_are_refused_together_before_anything_installs() -> None:
+    """gpu.sh runs --validate first: every bad knob named in one message, exit 2."""
+    def validate(**knobs: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(BENCH / "gpu_matrix.py"), "--validate"],
+                              capture_output=True, text=True, env={**os.environ, **knobs})
+
+    bad = validate(STEPS="4", MICRO="two", ROWS="ddp-bf16 nope")
+    assert bad.returncode == 2
+    assert all(f in bad.stderr for f in ("STEPS=4", "MICRO=two", "unknown ['nope']")), bad.stderr
+    assert validate(STEPS="5", ROWS="ddp-bf16 eval").returncode == 0
+
+
 def dry_run(work: Path, rows: str | None = None) -> dict[str, dict[str, Any]]:
     """`bash bench/gpu.sh --dry` (ROWS: a subset) in `work`; its rows' records by name."""
     env = {**os.environ, "WORK": str(work)}
