@@ -14,9 +14,10 @@
 #
 # What it does (budget: BUDGET_S=480 s, installation included; each phase is timed):
 #   1. a venv (.venv-gpu) with torch==2.13.0 from PyPI (the CUDA build), this project with
-#      [qlora,eval] (bitsandbytes, lm-evaluation-harness) and liger-kernel; flash-attn only
-#      from a prebuilt wheel (FLASH_ATTN_WHEEL=file-or-URL, else whatever PyPI offers within
-#      60 s: it publishes the source only, whose build takes far longer than the budget),
+#      [qlora,eval] (bitsandbytes, lm-evaluation-harness) and bench/gpu_only.txt
+#      (liger-kernel); flash-attn only from a prebuilt wheel (FLASH_ATTN_WHEEL=file-or-URL,
+#      else whatever PyPI offers within 60 s: it publishes the source only, whose build
+#      takes far longer than the budget),
 #      else the FlashAttention rows are skipped with that reason;
 #   2. bench/gpu_matrix.py: the matrix, one short `ftl train` per row on this GPU (the GPU
 #      preset from the device name; FTL_GPU_PRESET=... overrides): ddp, zero2, zero3 and
@@ -47,8 +48,8 @@
 # Offline (a machine that reaches no package registry, such as a cluster's compute node):
 # WHEELS=DIR installs every wheel in DIR (made elsewhere by bench/gpu_wheelhouse.sh: what
 # ftl and lm-eval need, less what HAVE=FILE says the machine holds; EXTRAS=eval,qlora adds
-# bitsandbytes for QLoRA's row, 125 MB installed, else that row is skipped; `bash
-# bench/gpu_wheelhouse.sh DIR liger-kernel==0.8.5` adds the Liger row's 0.9 MB wheel) with
+# bitsandbytes for QLoRA's row, 125 MB installed, else that row is skipped; the Liger row's
+# 0.9 MB wheel comes with the rest, from bench/gpu_only.txt) with
 # --no-deps into SITE (.venv-gpu/site) beside the machine's own CUDA torch, and runs with
 # PYTHON (python3). SITE stays: a second run with another DIR adds its wheels (bitsandbytes'
 # 43 MB wheel alone, then ROWS="ddp-bf16 qlora", where one copy cannot carry it all). It
@@ -121,8 +122,9 @@ else
     say "installing torch==2.13.0 (CUDA wheel from PyPI) and the project"
     DS_BUILD_OPS=0 "${PIP[@]}" torch==2.13.0
     DS_BUILD_OPS=0 "${PIP[@]}" -e '.[qlora,eval]'
-    say "installing liger-kernel and (a prebuilt wheel only) flash-attn"
-    "${PIP[@]}" liger-kernel==0.8.5 || note liger_kernel "pip install liger-kernel==0.8.5 failed"
+    say "installing bench/gpu_only.txt (liger-kernel) and (a prebuilt wheel only) flash-attn"
+    mapfile -t GPU_ONLY < <(sed -e 's/#.*//' -e '/^ *$/d' bench/gpu_only.txt | tr -d ' ')
+    "${PIP[@]}" "${GPU_ONLY[@]}" || note liger_kernel "pip install ${GPU_ONLY[*]} failed"
     if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then
         timeout 120 "${PIP[@]}" --no-deps "$FLASH_ATTN_WHEEL" ||
             note flash_attn "FLASH_ATTN_WHEEL=$FLASH_ATTN_WHEEL did not install"

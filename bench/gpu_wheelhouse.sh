@@ -12,7 +12,8 @@
 # Without names: what ftlaunch needs at run time with EXTRAS ("eval": lm-evaluation-harness
 # for the eval row), every dependency followed, at the versions of this checkout's tested
 # venv (.venv; bench/wheel_closure.py), so the GPU machine runs what the tests ran, except
-# torch and the NVIDIA/Triton stack (the machine's CUDA torch stays); EXTRAS=eval,qlora adds
+# torch and the NVIDIA/Triton stack (the machine's CUDA torch stays), plus
+# bench/gpu_only.txt (liger-kernel for the Liger row, 0.9 MB); EXTRAS=eval,qlora adds
 # bitsandbytes (QLoRA's row; a 43 MB wheel). HAVE: the machine's `pip list
 # --format=freeze` (or bare names where versions are unknown, as bench/gpu_image.txt): a
 # package it holds at a version every requirement accepts is left out (for that image: 38
@@ -35,6 +36,8 @@ if [ $# -gt 0 ]; then
 else
     mapfile -t WANTED < <("$VENV_PY" "$ROOT/bench/wheel_closure.py" \
         --extras "${EXTRAS:-eval}" ${HAVE:+--have "$HAVE"})
+    mapfile -t -O "${#WANTED[@]}" WANTED < <(sed -e 's/#.*//' -e '/^ *$/d' \
+        "$ROOT/bench/gpu_only.txt" | tr -d ' ')
 fi
 
 SOURCE_ONLY=()

@@ -53,6 +53,10 @@ def test_the_wheelhouse_carries_what_the_machine_lacks_or_holds_too_old(
     assert "peft" in carried  # a direct requirement at an unknown version
     assert not {"huggingface-hub", "numpy", "lm-eval"} & carried
     assert "deepspeed" in carried  # not on that machine at all
+    # What only GPU rows need, beyond the closure: pinned, for gpu.sh and the wheelhouse.
+    gpu_only = [line.split("#")[0].strip() for line in
+                (BENCH / "gpu_only.txt").read_text().splitlines()]
+    assert [r for r in gpu_only if r] == ["liger-kernel==0.8.5"]
 
 
 def test_rows_that_use_the_base_model_come_after_it() -> None:
