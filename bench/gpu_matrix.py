@@ -149,19 +149,18 @@ class Settings:
         def number(name: str, default: int, least: int, what: str) -> int:
             text = env.get(name) or str(default)
             if not text.isdigit() or int(text) < least:
-                problems.append(f"{name}={text}: {what} (at least {least})")
+                problems.append(f"{name}={text}: {what} (at least {least}; unset: {default})")
                 return default
             return int(text)
 
-        settings = cls(steps=number("STEPS", 12, WARM + 1, "steps per row; the first "
-                                    f"{WARM} are not timed"),
-                       micro=number("MICRO", 4, 1, "the micro batch"),
-                       gpus=number("GPUS", 1, 1, "GPUs per row"),
-                       preset=env.get("FTL_GPU_PRESET") or "h100-80g",
-                       work=Path(env["WORK"]) if env.get("WORK") else None,
-                       budget_s=number("BUDGET_S", BUDGET_S, 1, "seconds for the whole check"),
-                       start=float(env.get("GPU_CHECK_START") or time.time()))
-        return settings
+        return cls(steps=number("STEPS", cls.steps, WARM + 1,
+                                f"steps per row; the first {WARM} are not timed"),
+                   micro=number("MICRO", cls.micro, 1, "the micro batch"),
+                   gpus=number("GPUS", cls.gpus, 1, "GPUs per row"),
+                   preset=env.get("FTL_GPU_PRESET") or cls.preset,
+                   work=Path(env["WORK"]) if env.get("WORK") else None,
+                   budget_s=number("BUDGET_S", cls.budget_s, 1, "seconds for the whole check"),
+                   start=float(env.get("GPU_CHECK_START") or time.time()))
 
     def shape(self) -> tuple[int, int, int]:
         """(tokens per row, ranks, micro batch) the rows train with: --dry's toy sizes."""
@@ -169,6 +168,10 @@ class Settings:
 
     def elapsed(self) -> float:
         return time.time() - self.start
+
+    def left(self) -> float:
+        """Seconds of the budget still free for rows (RESERVE_S kept for the report)."""
+        return self.budget_s - RESERVE_S - self.elapsed()
 
     def say(self, text: str) -> None:
         print(f"[gpu +{self.elapsed():.0f}s] {text}", flush=True)
@@ -435,7 +438,7 @@ def run_logged(argv: list[str], log: Path, cap: int) -> int | None:
 
 
 def cap_of(row: Row, s: Settings) -> int:
-    return int(min(row.timeout, s.budget_s - RESERVE_S - s.elapsed()))
+    return int(min(row.timeout, s.left()))
 
 
 def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
@@ -554,7 +557,7 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
         if row.name in USES_BASE and base is None:
             blocked.append(f"needs the {QLORA_BASE} row's saved model (that row did not pass "
                            "or was not selected)")
-        left = s.budget_s - RESERVE_S - s.elapsed()
+        left = s.left()
         if blocked:
             record = {"status": "skipped", "reason": "; ".join(blocked)}
         elif left < row.seconds:
@@ -652,8 +655,8 @@ def main() -> int:
     settings = Settings.from_env(problems)
     rows = selected_rows(problems)
     if problems:  # all of them at once, before gpu.sh installs anything (--validate)
-        print("gpu_matrix: " + "; ".join(problems) + ". Fix: unset a knob for its default "
-              "(STEPS=12 MICRO=4 GPUS=1 BUDGET_S=480, every row).", file=sys.stderr)
+        print("gpu_matrix: " + "; ".join(problems) + ". Fix: a value in range, or unset "
+              "the knob for its default.", file=sys.stderr)
         return 2
     if args.dry:
         settings = replace(settings, dry=True, steps=min(settings.steps, 8),

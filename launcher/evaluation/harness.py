@@ -47,10 +47,10 @@ def quiet_git_hash() -> str | None:
 
     try:
         done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+        if done.returncode == 0:
+            return done.stdout.strip()
     except OSError:  # no git on this machine
-        done = None
-    if done is not None and done.returncode == 0:
-        return done.stdout.strip()
+        pass
     return get_commit_from_path(os.getcwd())
 
 

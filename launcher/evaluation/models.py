@@ -87,18 +87,18 @@ def saved_chat_template(model_dir: Path) -> bool | None:
 
 
 def load_model_dir(model_dir: Path) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) from any dir model_source accepts, outside the
-    harness (`ftl chat`): an adapter on its run's base, the others as they are saved."""
+    """load_model for any dir model_source accepts, outside the harness (`ftl chat`), with
+    its run's config for an adapter's base."""
     source = model_source(model_dir)
-    if source.kind == "adapter":
-        cfg = load_run_config(source.run_dir / CONFIG) if source.run_dir else None
-        return _adapter_on_base(source, cfg)
-    return load_for_inference(source.path)
+    return load_model(source, load_run_config(source.run_dir / CONFIG)
+                      if source.run_dir else None)
 
 
 def load_model(source: ModelSource, cfg: RunConfig | None) -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) for the kinds the harness cannot load itself."""
-    if source.kind == "quantized":
+    """(model in eval mode, tokenizer): an adapter on its base (`cfg`: its run's, which
+    knows the base), the other kinds as they are saved (ftl eval: the kinds the harness
+    cannot load itself)."""
+    if source.kind != "adapter":
         return load_for_inference(source.path)
     return _adapter_on_base(source, cfg)
 
