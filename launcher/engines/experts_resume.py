@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from launcher.engines.pretrained import NO_HUB_KERNELS
+
 WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json")
 """What save_pretrained writes (one file, or shards with an index)."""
 
@@ -30,6 +32,6 @@ def restore_experts(model: Any, checkpoint: Path) -> bool:
     from transformers import AutoModelForCausalLM
 
     dtype = next(model.parameters()).dtype
-    saved = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, **NO_HUB_KERNELS)
     model.load_state_dict(saved.state_dict())
     return True

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.engines.pretrained import NO_HUB_KERNELS
+
 
 def save_merged_peft_model(
     trainer: Any, model_dir: Path, base_path: str,
@@ -61,7 +63,7 @@ def unquantized_base(model_path: str) -> dict[str, Any]:
     model.layers.0.mlp.experts.gate_up_proj). A hub id loads from its cache too."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto", **NO_HUB_KERNELS)
     state: dict[str, Any] = {}
     storages: set[int] = set()
     for name, tensor in model.state_dict().items():

@@ -17,6 +17,7 @@ from typing import Any
 
 from launcher.config.schema import EvalConfig
 from launcher.data.eval_tasks import hub_offline
+from launcher.engines.pretrained import NO_HUB_KERNELS
 from launcher.rundir import EvalDir, EvalSummary
 
 INSTANCE_WARNINGS = ("`pretrained` model kwarg is not of type `str`",
@@ -72,7 +73,8 @@ def harness_model(model: Any, tokenizer: Any, ev: EvalConfig) -> Any:
 
     if isinstance(model, (str, Path)):
         placement: dict[str, Any] = {"parallelize": True} if ev.shard else {"device": device()}
-        return HFLM(pretrained=str(model), batch_size=ev.batch_size, dtype="auto", **placement)
+        return HFLM(pretrained=str(model), batch_size=ev.batch_size, dtype="auto", **placement,
+                    **NO_HUB_KERNELS)
     return HFLM(pretrained=model.to(device()), tokenizer=tokenizer, batch_size=ev.batch_size)
 
 

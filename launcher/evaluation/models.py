@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from launcher.config.compose import load_run_config
 from launcher.engines.final_model import fused_pattern_warning_silenced
+from launcher.engines.pretrained import NO_HUB_KERNELS
 from launcher.errors import ConfigError
 from launcher.inference.chat import check_causal_lm_dir, load_for_inference
 from launcher.rundir import CONFIG, PLAN
@@ -118,7 +119,7 @@ def _adapter_on_base(source: ModelSource, cfg: RunConfig | None) -> tuple[Any, A
         base = initial_model(cfg, tokenizer)
     elif Path(base_name).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or base_name)
-        base = AutoModelForCausalLM.from_pretrained(base_name)
+        base = AutoModelForCausalLM.from_pretrained(base_name, **NO_HUB_KERNELS)
     else:
         raise ConfigError(
             f"{source.path}: a LoRA adapter outside a run dir whose base "

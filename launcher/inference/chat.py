@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from launcher.engines.pretrained import NO_HUB_KERNELS
 from launcher.errors import ConfigError
 
 
@@ -27,7 +28,7 @@ def load_for_inference(model_dir: Path) -> tuple[Any, Any]:
 
     check_causal_lm_dir(model_dir)
     model = (load_quantized(model_dir) if is_quantized_dir(model_dir)
-             else AutoModelForCausalLM.from_pretrained(model_dir))
+             else AutoModelForCausalLM.from_pretrained(model_dir, **NO_HUB_KERNELS))
     return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.data.formats import CHAT_FORMATS, column_map, messages_of
 from launcher.data.mixture import formats
+from launcher.engines.pretrained import NO_HUB_KERNELS
 from launcher.inference.chat import answers, load_for_inference
 from launcher.rundir import RunDir
 from launcher.rundir.records import Example, ExamplesRecord
@@ -69,7 +70,7 @@ def initial_model(cfg: RunConfig, tokenizer: Any) -> Any:
     from launcher.rank.model import model_config
 
     if cfg.model.path:
-        return AutoModelForCausalLM.from_pretrained(cfg.model.path).eval()
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path, **NO_HUB_KERNELS).eval()
     # The init draws from torch's generator only: seeding it as transformers.set_seed does
     # gives the ranks' weights without importing transformers.trainer_utils (which loads
     # bitsandbytes and its noisy kernel probe).

@@ -14,6 +14,7 @@ from launcher.config.hardware import gpu_preset
 from launcher.config.schema import ModelConfig, RunConfig
 from launcher.engines.base import Engine
 from launcher.engines.final_model import fused_pattern_warning_silenced
+from launcher.engines.pretrained import NO_HUB_KERNELS
 
 
 def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = False) -> Any:
@@ -35,7 +36,8 @@ def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = Fa
     if cfg.model.path:
         return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model_dtype(cfg),
                                                     attn_implementation=attention,
-                                                    **router_logits_kwargs(cfg.model))
+                                                    **router_logits_kwargs(cfg.model),
+                                                    **NO_HUB_KERNELS)
     with torch.device(build_device(cfg, engine)):
         return AutoModelForCausalLM.from_config(model_config(cfg, tokenizer),
                                                 dtype=model_dtype(cfg),
@@ -149,7 +151,7 @@ def load_quantized(cfg: RunConfig) -> Any:
     device = "cpu" if gpu_preset(cfg.cluster.gpu).is_cpu else int(os.environ.get("LOCAL_RANK", 0))
     return AutoModelForCausalLM.from_pretrained(
         cfg.model.path, quantization_config=quant, device_map={"": device},
-        attn_implementation=cfg.model.attn_implementation,
+        attn_implementation=cfg.model.attn_implementation, **NO_HUB_KERNELS,
     )
 
 

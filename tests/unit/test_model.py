@@ -66,3 +66,22 @@ def test_fsdp_rank_1_does_not_read_a_pretrained_checkpoint(
         weights.unlink()
     unfilled = built("fsdp", 1, monkeypatch, f"model.path={tmp_path}")
     assert [n for n, _ in unfilled.named_parameters()] == [n for n, _ in full.named_parameters()]
+
+
+def test_models_read_from_disk_are_read_without_transformers_hub_kernels(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """transformers 5.25 kernelizes every from_pretrained model by default: on a GPU its
+    layers would be fetched from the Hub, and under HF_HUB_OFFLINE=1 the load or the first
+    train() raises (launcher/engines/pretrained.py). On this CPU nothing is swapped, so the
+    model's own flag is the evidence: the rank's model.path load, ftl chat's (and quantize's,
+    show_examples') load, the harness's load by path, and a LoRA adapter's base."""
+    from launcher.config.schema import EvalConfig
+    from launcher.evaluation.harness import harness_model
+    from launcher.inference.chat import load_for_inference
+
+    cfg = compose_config(["strategy=ddp"])
+    built("ddp", 0, monkeypatch).save_pretrained(tmp_path)
+    load_tokenizer(cfg).save_pretrained(tmp_path)
+    assert not built("ddp", 0, monkeypatch, f"model.path={tmp_path}").use_kernels
+    assert not load_for_inference(tmp_path)[0].use_kernels
+    assert not harness_model(str(tmp_path), None, EvalConfig()).model.use_kernels
