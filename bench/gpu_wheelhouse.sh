@@ -16,8 +16,8 @@
 # bench/gpu_only.txt (liger-kernel for the Liger row, 0.9 MB); EXTRAS=eval,qlora adds
 # bitsandbytes (QLoRA's row; a 43 MB wheel). HAVE: the machine's `pip list
 # --format=freeze` (or bare names where versions are unknown, as bench/gpu_image.txt): a
-# package it holds at a version every requirement accepts is left out (for that image: 39
-# wheels with liger-kernel, 49 MB, against 265 MB for the whole tested venv). With names: only those. PY
+# package it holds at a version every requirement accepts is left out (for that image: 42
+# wheels with liger-kernel, 53 MB, against 265 MB for the whole tested venv). With names: only those. PY
 # (3.12) and PLATFORM (manylinux x86_64) say which machine the wheels are for. DeepSpeed,
 # antlr4 (Hydra's parser) and lm-eval's rouge_score, sqlitedict and word2number publish no
 # wheel: they are built here, pure Python (DS_BUILD_OPS=0: no op is compiled; the
