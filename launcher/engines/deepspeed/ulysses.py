@@ -26,6 +26,8 @@ def trainer_class() -> type:
     import transformers.trainer
     from transformers import Trainer
 
+    # transformers 5.25's Trainer.get_resumed_dataloader still calls this module global;
+    # overriding that hook instead needs the supported floor (5.23) to have it.
     transformers.trainer.skip_first_batches = _skip_first_batches
 
     class UlyssesTrainer(Trainer):
