@@ -74,7 +74,8 @@ def test_models_read_from_disk_are_read_without_transformers_hub_kernels(
     layers would be fetched from the Hub, and under HF_HUB_OFFLINE=1 the load or the first
     train() raises (launcher/engines/pretrained.py). On this CPU nothing is swapped, so the
     model's own flag is the evidence: the rank's model.path load, ftl chat's (and quantize's,
-    show_examples') load, the harness's load by path, and a LoRA adapter's base."""
+    show_examples') load, and the harness's load by path. The other loads (a LoRA adapter's
+    base, the merge, the MoE resume, eval.before) take the same NO_HUB_KERNELS."""
     from launcher.config.schema import EvalConfig
     from launcher.evaluation.harness import harness_model
     from launcher.inference.chat import load_for_inference
