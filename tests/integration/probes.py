@@ -212,9 +212,10 @@ class WrapperProbe(TrainerCallback):
                 None,
             ),
             "param_dtype": str(params[0].dtype),
-            # HF's own (DDP, DeepSpeed) or torch's CheckpointWrapper (accelerate, FSDP2).
+            # HF's own (DDP, DeepSpeed; is_activation_checkpointing: the older name warns and
+            # goes in transformers v6) or torch's CheckpointWrapper (accelerate, FSDP2).
             "activation_checkpointing": bool(
-                getattr(model, "is_gradient_checkpointing", False)
+                getattr(model, "is_activation_checkpointing", False)
                 or any(
                     c.__name__ == "CheckpointWrapper"
                     for m in model.modules()
