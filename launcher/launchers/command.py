@@ -158,6 +158,11 @@ def launch_env(cfg: RunConfig) -> dict[str, str]:
         # CPU ranks share the cores: one OpenMP thread each avoids oversubscription.
         # torchrun sets this itself; the deepspeed launcher does not.
         env["OMP_NUM_THREADS"] = "1"
+        # DeepSpeed's CPU accelerator counts a node's devices from LOCAL_SIZE, which only the
+        # deepspeed launcher sets; without it every count runs `numactl --hardware` in a
+        # subprocess (ZeRO-3 counts once per gradient bucket, ~9 times a demo step, and
+        # each spawn re-arms torch's deprecation warnings: ~17 log lines a step) and says 1.
+        env["LOCAL_SIZE"] = str(cfg.cluster.gpus_per_node)
     return env
 
 

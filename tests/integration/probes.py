@@ -185,7 +185,8 @@ class WrapperProbe(TrainerCallback):
     probes/wrapper-rank<R>.json: {"model_class", "wrapped_class", "optimizer_chain",
     "optimizer_class", "optimizer_state_device", "param_dtype", "activation_checkpointing",
     "base_weights_4bit"} plus, under DeepSpeed: "zero_optimizer_class", "zero_stage",
-    "offload_optimizer", "offload_param", "param_local_fraction" (ZeRO-3); under FSDP2:
+    "offload_optimizer", "offload_param", "local_device_count", "param_local_fraction"
+    (ZeRO-3); under FSDP2:
     "fsdp_module", "param_class", "param_local_fraction", "offload_policies",
     "mp_param_dtypes", "mp_reduce_dtypes".
     """
@@ -233,12 +234,17 @@ class WrapperProbe(TrainerCallback):
 
 def zero_info(zero: Any, params: list[nn.Parameter]) -> dict[str, Any]:
     """What the ZeRO optimizer object itself does (not what the config asked for)."""
+    from deepspeed.accelerator import get_accelerator  # only ranks under DeepSpeed pay for it
+
     stage3 = hasattr(zero, "fp32_partitioned_groups_flat")
     info: dict[str, Any] = {
         "zero_optimizer_class": type(zero).__name__,
         "zero_stage": 3 if stage3 else (2 if zero.partition_gradients else 1),
         "offload_optimizer": bool(zero.offload_optimizer if stage3 else zero.cpu_offload),
         "offload_param": bool(getattr(zero, "offload_param", False)),
+        # The node's rank count on CPU only when the launch sets LOCAL_SIZE (else 1, after a
+        # numactl subprocess on every call).
+        "local_device_count": get_accelerator().device_count(),
     }
     if stage3:
         local = sum(p.ds_tensor.numel() for p in params)

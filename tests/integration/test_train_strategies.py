@@ -41,20 +41,22 @@ pytestmark = pytest.mark.slow
 
 MICRO_BATCH, MAX_STEPS, WORLD = 4, 8, 2
 
+# Under DeepSpeed: its engine, and the node's two ranks counted (LOCAL_SIZE on CPU).
+ZERO = {"wrapped_class": "DeepSpeedEngine", "local_device_count": WORLD}
 # What the WrapperProbe must find for each strategy.
 EXPECTED_WRAPPER: dict[str, dict[str, Any]] = {
     "ddp": {"wrapped_class": "DistributedDataParallel", "model_class": "LlamaForCausalLM"},
-    "zero1": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 1,
+    "zero1": {**ZERO, "zero_stage": 1,
               "zero_optimizer_class": "DeepSpeedZeroOptimizer", "offload_optimizer": False},
-    "zero2": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 2,
+    "zero2": {**ZERO, "zero_stage": 2,
               "zero_optimizer_class": "DeepSpeedZeroOptimizer", "offload_optimizer": False},
-    "zero2_offload": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 2,
+    "zero2_offload": {**ZERO, "zero_stage": 2,
                       "offload_optimizer": True},
-    "zero3": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 3,
+    "zero3": {**ZERO, "zero_stage": 3,
               "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
               "offload_optimizer": False, "offload_param": False,
               "param_local_fraction": 0.5},
-    "zero3_offload": {"wrapped_class": "DeepSpeedEngine", "zero_stage": 3,
+    "zero3_offload": {**ZERO, "zero_stage": 3,
                       "zero_optimizer_class": "DeepSpeedZeroOptimizer_Stage3",
                       "offload_optimizer": True, "offload_param": True,
                       "param_local_fraction": 0.5},

@@ -91,17 +91,19 @@ def test_unknown_launcher_is_a_config_error_naming_the_key() -> None:
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
-def test_cpu_preset_sets_one_omp_thread(launcher: str) -> None:
+def test_cpu_preset_sets_one_omp_thread_and_the_node_rank_count(launcher: str) -> None:
+    # LOCAL_SIZE: DeepSpeed's CPU accelerator's device count (the deepspeed launcher sets it
+    # too); the probe of test_train_strategies.py sees it in the ranks.
     launch = launch_for(
-        f"cluster.launcher={launcher}", "cluster.gpu=cpu", "cluster.gpus_per_node=2"
+        f"cluster.launcher={launcher}", "cluster.gpu=cpu", "cluster.gpus_per_node=3"
     )
-    assert launch.env == {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    assert launch.env == {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "LOCAL_SIZE": "3"}
     count_flag = "--nproc_per_node" if launcher == "torchrun" else "--num_gpus"
-    assert launch.argv[launch.argv.index(count_flag) + 1] == "2"
+    assert launch.argv[launch.argv.index(count_flag) + 1] == "3"
 
 
 def test_gpu_preset_leaves_omp_threads_alone() -> None:
-    assert "OMP_NUM_THREADS" not in launch_for(*GPU8).env
+    assert launch_for(*GPU8).env == {"PYTHONUNBUFFERED": "1"}
 
 
 def test_env_never_copies_secrets_or_inherited_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +112,7 @@ def test_env_never_copies_secrets_or_inherited_variables(monkeypatch: pytest.Mon
     for overrides in (["cluster.launcher=torchrun"], ["cluster.launcher=deepspeed"],
                       ["cluster=slurm", "cluster.nodes=2", "cluster.launcher=deepspeed"]):
         launch = launch_for(*overrides)
-        assert set(launch.env) <= {"PYTHONUNBUFFERED", "OMP_NUM_THREADS"}
+        assert set(launch.env) <= {"PYTHONUNBUFFERED", "OMP_NUM_THREADS", "LOCAL_SIZE"}
         assert "secret" not in render_command(launch)
 
 
@@ -119,7 +121,7 @@ def test_rendered_command_quotes_a_run_dir_with_space_and_quote() -> None:
     launch = launch_for("cluster.launcher=deepspeed", "cluster.gpu=cpu", run_dir=run_dir)
     line = render_command(launch)
     words = shlex.split(line)
-    assert words == ["PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1", *launch.argv]
+    assert words == ["PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1", "LOCAL_SIZE=2", *launch.argv]
     assert words[-1] == run_dir
 
 
