@@ -17,8 +17,9 @@ def import_stack(cfg: RunConfig, engine: Engine) -> None:
     every optional library that is installed (datasets, peft, and through peft bitsandbytes:
     docs/evidence/stack.md, "Import costs"); the ranks leave that to the libraries."""
     if cfg.peft.name != "qlora":
-        # bitsandbytes' import warns on CPUs with AVX512-BF16 that its faster 4-bit kernel
-        # needs `pip install kernels`: a hint for QLoRA, noise in every other run's log.
+        # On CPUs with AVX512-BF16 bitsandbytes' import fetches a 4-bit CPU kernel from the
+        # Hub (`kernels`) and warns when it cannot (offline, or `kernels` missing): a hint
+        # for QLoRA, noise in every other run's log.
         logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     import transformers.trainer  # noqa: F401
 
