@@ -58,6 +58,9 @@ class Launch:
     """Text of a DeepSpeed hostfile the caller must write at the path given by --hostfile."""
     per_node: bool = False
     """True: start this same command once on every node (not once in total)."""
+    forwards_stop: bool = True
+    """Whether the launcher passes a SIGTERM on to the ranks. The deepspeed launcher on one
+    node does not; `ftl train` then names itself to the ranks (launchers/supervisor.py)."""
 
     @property
     def shell_vars(self) -> tuple[str, ...]:
@@ -132,7 +135,7 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
             "--master_port", str(cluster.master_port), "--no_local_rank",
             "--enable_each_rank_log", posixpath.join(run_dir, LOGS), *_program(run_dir)]
     return Launch(argv=argv, env=launch_env(cfg), hostfile=hostfile,
-                  per_node=hostfile is not None)
+                  per_node=hostfile is not None, forwards_stop=cluster.nodes > 1)
 
 
 def with_module(launch: Launch, module: str) -> Launch:

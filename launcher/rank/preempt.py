@@ -1,8 +1,9 @@
 """Stop at a step boundary with a complete checkpoint when asked (docs/design.md, "The
 ranks"): RUN_DIR/preempt.requested (the Slurm job's USR1 trap touches it: `--signal=B:USR1`
-reaches only the batch shell, not the ranks behind torchrun or deepspeed), or SIGTERM/SIGINT
+reaches only the batch shell, not the ranks behind torchrun or deepspeed), SIGTERM/SIGINT
 reaching the rank (`stop_on_signals`; a repeated one changes nothing: aborting at once is
-`ftl train`'s job, a second Ctrl-C).
+`ftl train`'s job, a second Ctrl-C), or the end of the `ftl train` that started a launcher
+which would not pass its SIGTERM on (launcher/launchers/supervisor.py).
 
 The ranks agree by an all-reduce (MAX): one that saw the request a step later would enter
 the save's collectives at another step and hang. They vote at the first step end, then
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from launcher.launchers.supervisor import SUPERVISOR_GONE, Supervisor
 from launcher.rundir import Preempted, RunDir
 
 VOTE_EVERY_S = 1.0
@@ -35,9 +37,13 @@ _received: str | None = None
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _stop_requested(signal.Signals(signum).name)
+
+
+def _stop_requested(reason: str) -> None:
     global _received
     if _received is None:
-        _received = signal.Signals(signum).name
+        _received = reason
         print(f"[ftl] {_received}: saving a checkpoint at the next agreed step boundary, "
               "then stopping", flush=True)
 
@@ -55,8 +61,9 @@ class PreemptCallback(TrainerCallback):
     """Save and stop at a step end once a stop is requested: at the next vote when there
     are several ranks, at once for one process (no group: the file at every step end)."""
 
-    def __init__(self, run_dir: RunDir) -> None:
+    def __init__(self, run_dir: RunDir, supervisor: Supervisor | None = None) -> None:
         self.run_dir = run_dir
+        self.supervisor = supervisor
         self.preempted = False
         self.next_vote = 0  # global step of the next vote (every rank computes the same)
         self._last_vote: tuple[int, float] | None = None  # (step, monotonic time)
@@ -105,6 +112,8 @@ class PreemptCallback(TrainerCallback):
         return max(1, min(MAX_VOTE_INTERVAL, int(VOTE_EVERY_S / per_step)))
 
     def requested(self) -> bool:
+        if _received is None and self.supervisor is not None and not self.supervisor.alive():
+            _stop_requested(SUPERVISOR_GONE)
         return _received is not None or self.run_dir.preempt_requested.exists()
 
 

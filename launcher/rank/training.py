@@ -10,6 +10,7 @@ from launcher.config.objectives import is_dpo
 from launcher.config.report_to import requested
 from launcher.config.schema import RunConfig
 from launcher.engines.base import Engine
+from launcher.launchers.supervisor import Supervisor
 from launcher.rank.objective import arguments_class, objective_kwargs, trainer_parts
 from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import PlanRecord, RunDir
@@ -122,7 +123,8 @@ def make_trainer(
         processing_class=tokenizer,
         **objective_parts,
         callbacks=[*stream_callbacks(cfg, train_ds),
-                   CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp), PreemptCallback(run_dir),
+                   CheckpointCallback(cfg.parallel.tp, cfg.parallel.sp),
+                   PreemptCallback(run_dir, Supervisor.from_env(os.environ)),
                    *injected_callbacks(cfg)],
     )
     trainer.remove_callback(PrinterCallback)  # it would print the raw log dicts as well

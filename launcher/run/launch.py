@@ -14,6 +14,7 @@ from launcher.config.compose import compose_config
 from launcher.config.objectives import is_dpo
 from launcher.config.schema import RunConfig
 from launcher.launchers.command import Launch, build_launch
+from launcher.launchers.supervisor import Supervisor
 from launcher.run.hang_report import hang_lines
 from launcher.run.planner import Plan, make_plan, resolve_tool, run_dir_files
 from launcher.run.supervise import supervise
@@ -102,7 +103,8 @@ def run_local(built: BuiltRun) -> int:
     timing.mark("spawn")
     # The ranks report start-up from this process's start (launcher/timing.py).
     env = {**os.environ, **built.launch.env,
-           **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
+           **timing.launch_env(str(run_dir.path), timing.MARKS.marks),
+           **({} if built.launch.forwards_stop else Supervisor.this_process().env())}
     returncode, aborted = supervise(resolve_tool(built.launch.argv), env, run_dir)
     if aborted:
         print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "

@@ -55,6 +55,7 @@ from runs import (
 from test_train_strategies import NO_GATHER, model_overrides, run_name, strategy_overrides
 
 from launcher.config.compose import PROJECT_ROOT
+from launcher.launchers.supervisor import SUPERVISOR_GONE
 from launcher.rundir import ABORTED_EXIT, COMPLETE_MARKER, STOPPED_EXIT
 from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
@@ -389,18 +390,24 @@ def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
     assert "aborting" in log.read_text()
 
 
-def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: Path) -> None:
+@pytest.mark.parametrize(("launcher", "reason"), [("torchrun", "SIGTERM"),
+                                                ("deepspeed", SUPERVISOR_GONE)])
+def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(
+    runs_root: Path, launcher: str, reason: str,
+) -> None:
     """`ftl train` dies at once (SIGKILL: no handler runs): the kernel's parent-death signal
-    (SIGTERM) reaches its launcher, which forwards it; the ranks save and every process of
-    the run exits. Without it the launcher, in a session of its own, trains on orphaned.
-    This is also the path of a SIGTERM that reaches the ranks through torchrun alone (no
-    `ftl train` in between): the ranks' own handlers turn it into the agreed stop, and they
-    leave RUN_DIR/preempt.requested, so a batch script whose shell saw nothing still
-    finds the request and requeues."""
-    root, name = runs_root / "signals", "kill-9"
+    (SIGTERM) reaches its launcher; the ranks save and every process of the run exits.
+    Without it the launcher, in a session of its own, trains on orphaned.
+    torchrun forwards the SIGTERM: the path of a SIGTERM that reaches the ranks through
+    torchrun alone (no `ftl train` in between), where the ranks' own handlers turn it into
+    the agreed stop and leave RUN_DIR/preempt.requested, so a batch script whose shell saw
+    nothing still finds the request and requeues. The deepspeed launcher's runner dies of
+    it without passing it on: its ranks see that `ftl train` is gone (FTL_SUPERVISOR)."""
+    root, name = runs_root / "signals", f"kill-9-{launcher}"
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"{name}.log"
-    proc = start_in_session(ftl_train_argv(root, name, ["strategy=ddp", SLOW]), log)
+    overrides = ["strategy=ddp", f"cluster.launcher={launcher}", SLOW]
+    proc = start_in_session(ftl_train_argv(root, name, overrides), log)
     latest = lambda: (run_dirs(root, name) or [None])[-1]  # noqa: E731
     tree: list[psutil.Process] = []
     try:
@@ -419,7 +426,7 @@ def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(runs_root: 
     assert not alive, f"still running after ftl train died: {alive}"
     run_dir = latest()
     preempted = json.loads((run_dir / "preempted").read_text())
-    assert preempted["reason"] == "SIGTERM", preempted
+    assert preempted["reason"] == reason, preempted
     assert 2 <= preempted["step"] < MAX_STEPS, preempted
     assert is_complete(run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
     assert (run_dir / "preempt.requested").exists()

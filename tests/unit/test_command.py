@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import shlex
+import socket
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from launcher.config.compose import compose_config
 from launcher.errors import ConfigError
 from launcher.launchers.command import Launch, build_launch, render_command, rendezvous_id
+from launcher.launchers.supervisor import ENV, Supervisor
 from launcher.validation.validate import validate
 
 RUN_DIR = "/runs/ftl/20260101-120000"
@@ -170,3 +173,27 @@ def test_with_module_swaps_only_the_program() -> None:
     assert doctor.argv[-3:] == ["--module", "launcher.doctor.probe", RUN_DIR]
     assert (doctor.env, doctor.per_node, doctor.shell_vars) == (
         launch.env, launch.per_node, launch.shell_vars)
+
+
+def test_only_the_deepspeed_launcher_on_one_node_needs_the_ranks_to_watch_ftl_train() -> None:
+    assert not launch_for("cluster.launcher=deepspeed").forwards_stop
+    assert launch_for("cluster.launcher=torchrun").forwards_stop
+    several = launch_for("cluster=slurm", "cluster.nodes=2", "cluster.launcher=deepspeed")
+    assert several.forwards_stop
+
+
+def test_the_supervisor_named_to_the_ranks_ends_with_its_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        named = Supervisor(socket.gethostname(), child.pid, psutil.Process(child.pid).create_time())
+        found = Supervisor.from_env(named.env())
+        assert found == named and found.alive()
+        # The same pid, started at another time: a recycled pid, not the supervisor.
+        assert not Supervisor(named.host, named.pid, named.started - 1.0).alive()
+    finally:
+        child.kill()
+        child.wait()
+    assert not named.alive()
+    # A rank on another node, or no supervisor named: nothing to watch.
+    assert Supervisor.from_env(Supervisor("elsewhere", 1, 0.0).env()) is None
+    assert Supervisor.from_env({}) is None and Supervisor.from_env({ENV: "{"}) is None
