@@ -391,7 +391,8 @@ def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
 
 
 @pytest.mark.parametrize(("launcher", "reason"), [("torchrun", "SIGTERM"),
-                                                ("deepspeed", SUPERVISOR_GONE)])
+                                                ("deepspeed", SUPERVISOR_GONE)],
+                         ids=["torchrun", "deepspeed"])
 def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(
     runs_root: Path, launcher: str, reason: str,
 ) -> None:
