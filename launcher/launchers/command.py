@@ -7,9 +7,14 @@ Forms (dispatch on cluster.launcher, cluster.nodes and cluster.scheduler):
 |-----------|-------|--------------------------------------------------------------|----------|
 | torchrun  | 1     | `--standalone` (rendezvous on a free local port)             | no       |
 | torchrun  | >1    | c10d rendezvous at HEAD:cluster.master_port                  | yes      |
-| deepspeed | 1     | `--num_gpus N` on localhost                                  | no       |
+| deepspeed | 1     | `--num_gpus N` on localhost, or `--include` (see below)      | no       |
 | deepspeed | >1    | a scheduler: `--no_ssh --node_rank R`                        | yes      |
 | deepspeed | >1    | no scheduler: `--hostfile` + pdsh/ssh from this machine      | no       |
+
+A local GPU launch under CUDA_VISIBLE_DEVICES (`visible_devices`): torchrun's ranks see only
+those GPUs; DeepSpeed's runner ignores the variable once `--num_gpus` is given and its
+launch.py numbers the ranks' GPUs from 0 (deepspeed 0.19.8), so the deepspeed form names
+the first N listed ids with `--include localhost:IDS` instead.
 
 Per-node forms are started once on every node; the head node and node rank (a Slurm job
 learns them at run time) are `${FTL_HEAD_NODE}` / `${FTL_NODE_RANK}` placeholders that the
@@ -68,12 +73,14 @@ class Launch:
         return SHELL_VARS if self.per_node else ()
 
 
-def build_launch(cfg: RunConfig, run_dir: str) -> Launch:
-    """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank."""
+def build_launch(cfg: RunConfig, run_dir: str, visible_devices: str | None = None) -> Launch:
+    """The command that starts `python -m launcher.rank.worker RUN_DIR` on every rank;
+    `visible_devices`: this machine's CUDA_VISIBLE_DEVICES for a local GPU launch (integer
+    ids, at least cluster.gpus_per_node of them: preflight.visible_devices checked)."""
     if cfg.cluster.launcher == "torchrun":
         return _torchrun(cfg, run_dir)
     if cfg.cluster.launcher == "deepspeed":
-        return _deepspeed(cfg, run_dir)
+        return _deepspeed(cfg, run_dir, visible_devices)
     raise ValueError(f"cluster.launcher={cfg.cluster.launcher}: rules.py admits no such launcher")
 
 
@@ -105,8 +112,9 @@ def _torchrun_logs(log_dir: str) -> list[str]:
     return ["--log_dir", log_dir, "--redirects", "3", "--tee", "0:3"]
 
 
-def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
-    """One node: `--num_gpus` (always: on gpu=cpu the CPU accelerator reports one device).
+def _deepspeed(cfg: RunConfig, run_dir: str, visible_devices: str | None) -> Launch:
+    """One node: `--num_gpus` (always: on gpu=cpu the CPU accelerator reports one device),
+    or `--include localhost:IDS` for the GPUs CUDA_VISIBLE_DEVICES names.
     Several: one `deepspeed --no_ssh` per node under a scheduler (Slurm starts one task
     per node), else one here that starts every node over pdsh/ssh."""
     cluster = cfg.cluster
@@ -131,7 +139,11 @@ def _deepspeed(cfg: RunConfig, run_dir: str) -> Launch:
     if nodes:
         nodes += ["--num_nodes", str(cluster.nodes)]
     # --no_local_rank: the worker's only argument is the run dir (LOCAL_RANK is in the env).
-    argv = ["deepspeed", *nodes, "--num_gpus", str(cluster.gpus_per_node), *master_addr,
+    devices = ["--num_gpus", str(cluster.gpus_per_node)]
+    if visible_devices and cluster.nodes == 1:
+        ids = [i.strip() for i in visible_devices.split(",")][:cluster.gpus_per_node]
+        devices = ["--include", "localhost:" + ",".join(ids)]
+    argv = ["deepspeed", *nodes, *devices, *master_addr,
             "--master_port", str(cluster.master_port), "--no_local_rank",
             "--enable_each_rank_log", posixpath.join(run_dir, LOGS), *_program(run_dir)]
     return Launch(argv=argv, env=launch_env(cfg), hostfile=hostfile,

@@ -176,6 +176,10 @@ class CudaTracker:
 
         if not torch.cuda.is_available():
             raise MemtraceUnavailable("no CUDA device")
+        # The reads answer 0 before CUDA starts, but reset_peak_memory_stats raises ("did
+        # you call init?", torch 2.13): nothing has started CUDA in the rank yet. init()
+        # opens no context on any device.
+        torch.cuda.init()
         self.cuda = torch.cuda
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 

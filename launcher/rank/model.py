@@ -144,7 +144,11 @@ def load_quantized(cfg: RunConfig) -> Any:
     """QLoRA base: 4-bit NF4 weights (bitsandbytes) read from model.path."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    compute = torch.bfloat16 if cfg.precision.name == "bf16" else torch.float32
+    # The layers' input dtype under the precision's autocast: bitsandbytes computes in
+    # bnb_4bit_compute_dtype and casts each input to it (fp32 under fp16 AMP: slow, and a
+    # warning per layer).
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision.name,
+                                                                  torch.float32)
     quant = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
     )

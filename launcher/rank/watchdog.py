@@ -112,17 +112,20 @@ class Watchdog:
 def dump_flight_recorder(path: Path) -> str | None:
     """torch's NCCL flight recorder (the collectives each rank entered, in flight or done)
     as JSON, when this rank has an NCCL process group that recorded; else None. Guarded:
-    a private torch API (torch 2.13: _dump_fr_trace_json)."""
+    a private torch API. NCCL records into a recorder of its own, which only
+    _dump_nccl_trace_json reads (CUDA builds of torch 2.13; _dump_fr_trace_json reads the
+    one gloo writes), and FSDP's group is "cuda:nccl,cpu:gloo"."""
     if "torch" not in sys.modules:
         return None  # no torch, no process group
     try:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "nccl":
+        if not (dist.is_available() and dist.is_initialized()) \
+                or "nccl" not in str(dist.get_backend()):
             return None
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        from torch._C import _distributed_c10d
 
-        path.write_bytes(_dump_fr_trace_json(True, False))
+        path.write_bytes(_distributed_c10d._dump_nccl_trace_json(True, False))
     except Exception as err:  # noqa: BLE001 - the stacks matter more than this extra
         print(f"[ftl] flight recorder not dumped: {err!r}", file=sys.stderr, flush=True)
         return None

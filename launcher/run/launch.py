@@ -73,7 +73,7 @@ def build_run(checked: Checked, overrides: list[str]) -> BuiltRun:
     plan = make_plan(checked)
     cfg = plan.cfg
     run_dir = new_run_dir_path(cfg.run.output_dir, cfg.run.name).resolve()
-    launch = build_launch(cfg, str(run_dir))
+    launch = build_launch(cfg, str(run_dir), checked.visible_devices)
     files = run_dir_files(plan, launch, overrides)
     executable = [LAUNCH_SCRIPT]
     if checked.target == "submit":

@@ -7,12 +7,14 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Mapping
 from dataclasses import asdict
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.compose import SOURCES
+from launcher.config.hardware import GPU_PRESETS
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.data import mixture
 from launcher.data.datascan import scan_file
@@ -55,6 +57,36 @@ def local_launch_problems(cfg: RunConfig) -> list[str]:
             "GPU cluster."
         )
     return problems + missing_sources(cfg) + unreadable_data(cfg)
+
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_devices(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    """(CUDA_VISIBLE_DEVICES for the launch, problems) of a local GPU launch: enough GPUs
+    listed for cluster.gpus_per_node, as indices where DeepSpeed's launcher must name them
+    (launchers/command.py); (None, []) where it is not set or not a local GPU launch."""
+    cluster, value = cfg.cluster, environ.get(VISIBLE_DEVICES)
+    preset = GPU_PRESETS.get(cluster.gpu)
+    if value is None or preset is None or preset.is_cpu or cluster.nodes > 1:
+        return None, []
+    ids = [item.strip() for item in value.split(",") if item.strip()]
+    if not ids:
+        return None, [f"{VISIBLE_DEVICES}={value!r} hides every GPU from the ranks "
+                      f"(cluster.gpu={cluster.gpu}). Fix: unset {VISIBLE_DEVICES}, or list "
+                      "the GPUs to train on."]
+    if len(ids) < cluster.gpus_per_node:
+        return None, [
+            f"cluster.gpus_per_node={cluster.gpus_per_node} with {VISIBLE_DEVICES}={value}: "
+            f"{len(ids)} GPU(s) visible to the ranks. Fix: cluster.gpus_per_node={len(ids)}, "
+            f"or list {cluster.gpus_per_node} GPUs in {VISIBLE_DEVICES} (or unset it)."]
+    if cluster.launcher == "deepspeed" and not all(item.isdigit() for item in ids):
+        return None, [
+            f"cluster.launcher=deepspeed with {VISIBLE_DEVICES}={value}: DeepSpeed's "
+            "launcher names GPUs by index (--include localhost:0,1), not by UUID or MIG "
+            "name. Fix: "
+            f"cluster.launcher=torchrun, or indices in {VISIBLE_DEVICES}."]
+    return ",".join(ids), []
 
 
 def hostfile_problems(path: str, nodes: int) -> list[str]:

@@ -5,6 +5,7 @@ validation stage"). Risks the user may take come back in `Checked.warnings`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,9 @@ class Checked:
     """Where the tokenized data is (or will be) cached; train, submit and preprocess."""
     warnings: list[str] = field(default_factory=list)
     """Each naming key, value and fix, like a problem; the verb prints them."""
+    visible_devices: str | None = None
+    """`ftl train` on GPUs: this machine's CUDA_VISIBLE_DEVICES, which the deepspeed
+    launcher must be told (launchers/command.py)."""
 
 
 def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
@@ -96,6 +100,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
     if checked.target == "train":
         problems = preflight.local_launch_problems(cfg)
         problems += preflight.host_memory_problems(cfg, checked.estimate)
+        checked.visible_devices, visible = preflight.visible_devices(cfg, os.environ)
+        problems += visible
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)

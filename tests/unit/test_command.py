@@ -56,6 +56,24 @@ def test_deepspeed_one_node_eight_gpus() -> None:
     assert (launch.per_node, launch.hostfile) == (False, None)
 
 
+def test_deepspeed_on_one_node_names_the_gpus_cuda_visible_devices_lists() -> None:
+    """DeepSpeed's runner ignores CUDA_VISIBLE_DEVICES once --num_gpus is given and numbers
+    the ranks' GPUs from 0: the launch names the listed ones, as DeepSpeed's parser reads."""
+    from deepspeed.launcher.runner import parse_args, parse_inclusion_exclusion
+
+    two = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=2", "cluster.master_port=29700"]
+    cfg = compose_config(["cluster.launcher=deepspeed", *two])
+    launch = build_launch(cfg, RUN_DIR, visible_devices="5,2,7")
+    assert launch.argv == ["deepspeed", "--include", "localhost:5,2", "--master_port", "29700",
+                           *DS_TAIL]
+    args = parse_args(launch.argv[1:])
+    assert dict(parse_inclusion_exclusion({"localhost": 8}, args.include, args.exclude)) == {
+        "localhost": [2, 5]}
+    # torchrun's ranks see only the listed GPUs already.
+    torchrun = compose_config(["cluster.launcher=torchrun", *two])
+    assert build_launch(torchrun, RUN_DIR, "5,2,7") == build_launch(torchrun, RUN_DIR)
+
+
 def test_deepspeed_two_nodes_on_slurm_is_one_no_ssh_launcher_per_node() -> None:
     launch = launch_for("cluster=slurm", "cluster.launcher=deepspeed", "cluster.nodes=2", *GPU8)
     assert launch.argv == [

@@ -16,6 +16,7 @@ from launcher.errors import ConfigError
 from launcher.launchers.command import build_launch
 from launcher.run.planner import make_plan
 from launcher.rundir import write_complete_marker
+from launcher.validation.preflight import visible_devices
 from launcher.validation.validate import Target, validate
 
 
@@ -128,6 +129,25 @@ def test_train_checks_this_machine_together_with_the_config() -> None:
     text = "\n".join(problems)
     assert "train.lr=0.0: must be greater than 0" in text
     assert "cluster.gpu=a100-80g: this machine has no NVIDIA GPU" in text
+
+
+def test_cuda_visible_devices_must_list_the_ranks_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = ["cluster.gpu=a100-80g", "cluster.gpus_per_node=2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    text = "\n".join(problems_for(gpus, "train"))
+    assert ("cluster.gpus_per_node=2 with CUDA_VISIBLE_DEVICES=3: 1 GPU(s) visible to the "
+            "ranks. Fix: cluster.gpus_per_node=1") in text
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2a,GPU-77c1")
+    text = "\n".join(problems_for([*gpus, "cluster.launcher=deepspeed"], "train"))
+    assert "DeepSpeed's launcher names GPUs by index" in text
+    assert "Fix: cluster.launcher=torchrun" in text
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert "CUDA_VISIBLE_DEVICES='' hides every GPU" in "\n".join(problems_for(gpus, "train"))
+    # What the launch is given: the ids as listed; nothing on CPU ranks.
+    cfg = compose_config([*gpus, "cluster.launcher=deepspeed"])
+    assert visible_devices(cfg, {"CUDA_VISIBLE_DEVICES": "5, 2,7"}) == ("5,2,7", [])
+    assert visible_devices(cfg, {}) == (None, [])
+    assert visible_devices(compose_config([]), {"CUDA_VISIBLE_DEVICES": ""}) == (None, [])
 
 
 @pytest.mark.parametrize(
