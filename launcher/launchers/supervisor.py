@@ -48,6 +48,14 @@ class Supervisor:
             return None
         return named if named.host == socket.gethostname() else None
 
+    @classmethod
+    def launch_env(cls, environ: Mapping[str, str], forwards_stop: bool) -> dict[str, str]:
+        """`environ` for a local launch: naming this process where the launcher does not
+        forward a stop, and without an inherited FTL_SUPERVISOR where it does (an `ftl
+        train` started from a rank's environment would take its ranks' end for its own)."""
+        env = {key: value for key, value in environ.items() if key != ENV}
+        return env if forwards_stop else {**env, **cls.this_process().env()}
+
     def alive(self) -> bool:
         try:
             return psutil.Process(self.pid).create_time() == self.started

@@ -15,6 +15,7 @@ import os
 import secrets
 import string
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,26 @@ def close_runs(finished: bool) -> None:
     if (wandb := sys.modules.get("wandb")) is not None and wandb.run is not None:
         wandb.finish()
         wandb.teardown()  # its service process, which would outlive os._exit
+    remove_wandb_staging()
     if (mlflow := sys.modules.get("mlflow")) is not None and mlflow.active_run() is not None:
         mlflow.end_run("FINISHED" if finished else "KILLED")
+
+
+WANDB_STAGING = (("wandb.sdk.data_types._private", ("MEDIA_TMP",)),
+                 ("wandb.sdk.artifacts.artifact", ("Artifact", "_TMP_DIR")))
+"""The temporary directories wandb creates at import (wandb 0.31: tmp*wandb-media,
+tmp*wandb-artifacts) and removes only at exit, which os._exit skips: two left in the
+system's temp dir by every process that imported it."""
+
+
+def remove_wandb_staging() -> None:
+    """wandb's staging dirs (WANDB_STAGING) removed, where they exist by those names."""
+    for module_name, path in WANDB_STAGING:
+        found: Any = sys.modules.get(module_name)
+        for name in path:
+            found = getattr(found, name, None)
+        if isinstance(found, tempfile.TemporaryDirectory):
+            found.cleanup()
 
 
 class TrackerParams(TrainerCallback):

@@ -102,9 +102,8 @@ def run_local(built: BuiltRun) -> int:
         timing.MARKS.mark(timing.FIRST_MARK, started)
     timing.mark("spawn")
     # The ranks report start-up from this process's start (launcher/timing.py).
-    env = {**os.environ, **built.launch.env,
-           **timing.launch_env(str(run_dir.path), timing.MARKS.marks),
-           **({} if built.launch.forwards_stop else Supervisor.this_process().env())}
+    env = {**Supervisor.launch_env(os.environ, built.launch.forwards_stop), **built.launch.env,
+           **timing.launch_env(str(run_dir.path), timing.MARKS.marks)}
     returncode, aborted = supervise(resolve_tool(built.launch.argv), env, run_dir)
     if aborted:
         print(f"ftl train: aborted. The last complete checkpoint in {run_dir.checkpoints} "

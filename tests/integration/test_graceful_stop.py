@@ -241,7 +241,19 @@ def track_everything(monkeypatch: pytest.MonkeyPatch, store: Path) -> str:
         monkeypatch.setenv(key, value)
     for key in ("WANDB_DIR", "WANDB_RUN_ID", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(key, raising=False)
+    # Every process's temp dir: what the ranks leave there is checked (no_wandb_staging_left).
+    (store.parent / TMP).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(store.parent / TMP))
     return uri
+
+
+TMP = "tracked-tmp"
+
+
+def no_wandb_staging_left(tmp: Path) -> None:
+    """wandb's import-time staging dirs are removed by the ranks, whose os._exit skips
+    wandb's atexit cleanup (launcher/rank/tracker_runs.py, remove_wandb_staging)."""
+    assert not sorted(p.name for p in tmp.glob("*wandb-*")), sorted(tmp.iterdir())
 
 
 @pytest.mark.parametrize(("strategy", "launcher", "signum", "extra"), [
@@ -315,6 +327,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
         check_one_tracker_run(first_dir, second_dir, stop_step, joined, store)
         logs = [(root / f"{name}-1.log").read_text(), again.stdout, again.stderr]
         assert not any(secret in log for secret in SECRETS.values() for log in logs)
+        no_wandb_staging_left(root / TMP)
 
 
 def check_one_tracker_run(first_dir: Path, second_dir: Path, stop_step: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import subprocess
@@ -198,6 +199,12 @@ def test_only_the_deepspeed_launcher_on_one_node_needs_the_ranks_to_watch_ftl_tr
     assert launch_for("cluster.launcher=torchrun").forwards_stop
     several = launch_for("cluster=slurm", "cluster.nodes=2", "cluster.launcher=deepspeed")
     assert several.forwards_stop
+    # The ranks' env: this process named where no stop is forwarded; an inherited (stale)
+    # name dropped where one is, so its end cannot stop this launch's ranks.
+    stale = {ENV: Supervisor(socket.gethostname(), 1, 0.0).env()[ENV], "KEEP": "1"}
+    assert Supervisor.launch_env(stale, forwards_stop=True) == {"KEEP": "1"}
+    named = Supervisor.from_env(Supervisor.launch_env(stale, forwards_stop=False))
+    assert named is not None and named.pid == os.getpid() and named.alive()
 
 
 def test_the_supervisor_named_to_the_ranks_ends_with_its_process() -> None:
