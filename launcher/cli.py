@@ -78,7 +78,8 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
                 help="count the dataset's tokens with the model's tokenizer (slower)"),
       OVERRIDES)
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from launcher.estimator.auto import chosen_strategy
+    from launcher.config.strategies import is_auto
+    from launcher.estimator.auto import chosen_strategy, faster_elsewhere
     from launcher.estimator.estimate import estimate
     from launcher.estimator.estimate_table import estimate_json, render_estimate_table
     from launcher.run.launch import check
@@ -97,7 +98,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(est, chosen), indent=2))
     else:
-        print(render_estimate_table(cfg, est, chosen).rstrip("\n"))
+        hint = faster_elsewhere(cfg, est, chosen) if chosen and is_auto(cfg.strategy) else None
+        print(render_estimate_table(cfg, est, chosen, hint).rstrip("\n"))
     return 0
 
 

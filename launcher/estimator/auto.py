@@ -84,6 +84,25 @@ def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
     return None, reasons
 
 
+def faster_elsewhere(cfg: RunConfig, est: Estimate, chosen: str) -> str | None:
+    """A line for strategy=auto's pick when a rung of the sharding engine auto did not climb
+    ranks above it and fits (say zero3_offload picked, fsdp fitting without offload); None
+    otherwise. The user's choice of engine stands: the line only says what to type."""
+    table = concrete_strategies()
+    climbed = set(candidates(cfg))
+    for other in sorted(table.values(), key=lambda s: (s.auto_rank, s.name)):
+        if not 0 <= other.auto_rank < table[chosen].auto_rank or other.name in climbed:
+            continue
+        row = est.row(other.name)
+        if row is None or not row.fits or parallel_engine_problems(resolve(cfg, other.name)):
+            continue
+        return (f"{other.name} also fits and is faster than {chosen} "
+                f"({row.gpu_bytes / GIB:.1f} GiB per GPU); auto climbs {table[chosen].backend}'s "
+                f"rungs unless strategy.backend={other.backend}. To use it: "
+                f"strategy={other.name}")
+    return None
+
+
 def chosen_strategy(cfg: RunConfig, est: Estimate) -> str | None:
     """The configured strategy, or for `auto` what choose picks (None: nothing fits)."""
     return choose(cfg, est)[0] if is_auto(cfg.strategy) else cfg.strategy.name

@@ -22,8 +22,10 @@ def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
     return {**asdict(est), "chosen": chosen}
 
 
-def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> str:
-    """Every strategy's row, the chosen one marked `*`, under a header naming the run."""
+def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None,
+                          hint: str | None = None) -> str:
+    """Every strategy's row, the chosen one marked `*`, under a header naming the run;
+    `hint` after the choice (auto.faster_elsewhere)."""
     big = max(r.gpu_bytes for r in est.strategies) >= GIB
     unit, size = ("GiB", GIB) if big else ("MiB", 1024**2)
     lines = [*_header(cfg, est), ""]
@@ -48,7 +50,7 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None) -> 
     if dpo:
         lines += _reference_lines(est)
     lines += [_inference_line(cfg, est), "", _chosen_line(cfg, chosen)]
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"  {hint}"] if hint else []))
 
 
 def _inference_line(cfg: RunConfig, est: Estimate) -> str:

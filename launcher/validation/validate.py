@@ -15,7 +15,14 @@ from launcher.config.schema import RunConfig
 from launcher.config.strategies import is_auto
 from launcher.data.preprocess import data_dir
 from launcher.errors import ConfigError
-from launcher.estimator.auto import choose, model_parallel_layout, nothing_fits, rejection, resolve
+from launcher.estimator.auto import (
+    choose,
+    faster_elsewhere,
+    model_parallel_layout,
+    nothing_fits,
+    rejection,
+    resolve,
+)
 from launcher.estimator.disk import measured_save_time, save_time_estimate
 from launcher.estimator.estimate import Estimate, estimate
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS, get_scheduler
@@ -85,7 +92,9 @@ def _resolve_strategy(checked: Checked) -> list[str]:
         return []
     name, reasons = choose(cfg, checked.estimate)
     if name is not None:
-        checked.cfg, checked.strategy_reasons = resolve(cfg, name), reasons
+        hint = faster_elsewhere(cfg, checked.estimate, name)
+        checked.cfg = resolve(cfg, name)
+        checked.strategy_reasons = reasons + ([hint] if hint else [])
         return []
     layout = model_parallel_layout(cfg)
     if layout is None:

@@ -13,6 +13,7 @@ from launcher.estimator.auto import (
     candidates,
     choose,
     chosen_strategy,
+    faster_elsewhere,
     model_parallel_layout,
     nothing_fits,
     resolve,
@@ -108,6 +109,25 @@ def test_fsdp_only_when_asked() -> None:
     asked, reasons = choose_or_refuse(auto_cfg(*base, "strategy.backend=fsdp"))
     assert not plain.startswith("fsdp")
     assert asked == "fsdp" and reasons[0].startswith("ddp needs")
+
+
+def test_a_faster_rung_of_the_other_engine_that_fits_is_named() -> None:
+    """Qwen3-30B-A3B on 8 H100s: ZeRO-3 needs 77.6 GiB of 76 usable, FSDP 65.3, so auto's
+    DeepSpeed ladder ends at zero3_offload; what to type for FSDP is said, not chosen."""
+    base = ["model=qwen3-30b-a3b", "cluster.gpu=h100-80g", "cluster.gpus_per_node=8"]
+    checked = validate(auto_cfg(*base), "plan")
+    assert checked.cfg.strategy.name == "zero3_offload"
+    hint = checked.strategy_reasons[-1]
+    assert hint.startswith("fsdp also fits and is faster than zero3_offload (65.3 GiB per GPU)")
+    assert hint.endswith("To use it: strategy=fsdp")
+    assert hint == faster_elsewhere(auto_cfg(*base), checked.estimate, "zero3_offload")
+    # Climbing FSDP's rungs, or a pick the other engine's rungs do not beat: no line.
+    asked = validate(auto_cfg(*base, "strategy.backend=fsdp"), "plan")
+    assert asked.cfg.strategy.name == "fsdp" and "also fits" not in asked.strategy_reasons[-1]
+    zero3 = validate(auto_cfg("model=qwen3-32b", "precision=bf16", "cluster.gpu=h100-80g",
+                              "cluster.gpus_per_node=8"), "plan")  # fsdp fits: the same rung
+    assert zero3.cfg.strategy.name == "zero3"
+    assert not any("also fits" in reason for reason in zero3.strategy_reasons)
 
 
 def test_resolve_takes_the_table_entry_and_keeps_user_tweaks() -> None:
