@@ -32,6 +32,7 @@ class StepClock(TrainerCallback):
         self.train_runtime: float | None = None
         self._hook: Any = None
 
+    @torch.compiler.disable  # the compile row: counted eagerly, not traced (a guarded int)
     def _count(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         if not module.training:
             return

@@ -93,36 +93,39 @@ def _ddp(*extra: str) -> tuple[str, ...]:
     return ("strategy=ddp", "precision=bf16", *extra)
 
 
+# The order is what a short budget keeps: the base row, then issue 33's eval row, then the
+# switches no GPU has run yet; the strategy rows last (ddp/zero2/zero3/fsdp ran on an H200
+# on 2026-11-30: 28-61 s each, their planned seconds below).
 ROWS = (
     Row("ddp-bf16", "the baseline of the switch rows (sdpa, no Liger, eager PyTorch); its "
-        "saved model is QLoRA's base (and it tokenizes the data, once)", _ddp(), 30, 120),
-    Row("zero2-bf16", "DeepSpeed ZeRO-2", ("strategy=zero2", "precision=bf16"), 28, 120),
-    Row("zero3-bf16", "DeepSpeed ZeRO-3", ("strategy=zero3", "precision=bf16"), 30, 120),
-    Row("fsdp-bf16", "FSDP", ("strategy=fsdp", "precision=bf16"), 35, 120),
-    Row("ddp-fp16", "fp16 AMP (fp32 masters, dynamic loss scale)",
-        ("strategy=ddp", "precision=fp16"), 25, 120),
-    Row("qlora", "QLoRA: the ddp-bf16 row's model in 4-bit NF4 + LoRA (bitsandbytes)",
-        _ddp("peft=qlora", f"model.path=<{QLORA_BASE} RUN_DIR>/model"), 35, 150,
-        needs=("bitsandbytes",)),
+        "saved model is QLoRA's base (and it tokenizes the data, once)", _ddp(), 40, 120),
     Row("eval", "ftl eval (lm-evaluation-harness) of the ddp-bf16 row's model on the "
         "bundled arith task on this GPU, then the same split: --processes N (accelerate "
         "launch, one worker per GPU) with 2+ GPUs, else --shard; same answers and scores",
         EVAL_TASK, 40, 150, needs=("lm_eval",), kind="eval"),
+    Row("compile", "torch.compile (inductor) on", _ddp("train.compile=true"), 90, 240),
+    Row("attn-flex", "FlexAttention (compiles its kernels at the first step)",
+        _ddp("model.attn_implementation=flex_attention"), 50, 150),
+    Row("liger", "Liger's Triton kernels on", _ddp("train.liger_kernel=true"), 35, 150,
+        needs=("liger_kernel",)),
+    Row("moe-zero3", "tiny-moe scaled up under ZeRO-3 (experts as leaf modules)",
+        ("strategy=zero3", "precision=bf16"), 40, 150, model="moe-0.4b"),
+    Row("ddp-fp16", "fp16 AMP (fp32 masters, dynamic loss scale)",
+        ("strategy=ddp", "precision=fp16"), 25, 120),
+    Row("zero3-bf16", "DeepSpeed ZeRO-3", ("strategy=zero3", "precision=bf16"), 45, 120),
+    Row("fsdp-bf16", "FSDP", ("strategy=fsdp", "precision=bf16"), 40, 120),
+    Row("qlora", "QLoRA: the ddp-bf16 row's model in 4-bit NF4 + LoRA (bitsandbytes)",
+        _ddp("peft=qlora", f"model.path=<{QLORA_BASE} RUN_DIR>/model"), 35, 150,
+        needs=("bitsandbytes",)),
     Row("attn-eager", "eager attention (keeps the s x s scores, about 3 GiB a layer at micro "
         "4 over an H100's 80 GiB: micro 2)",
         _ddp("model.attn_implementation=eager", "train.micro_batch_size=2"), 28, 120),
-    Row("attn-flex", "FlexAttention (compiles its kernels at the first step)",
-        _ddp("model.attn_implementation=flex_attention"), 50, 150),
     Row("attn-fa2", "FlashAttention-2", _ddp("model.attn_implementation=flash_attention_2"),
         25, 120, needs=("flash_attn",)),
     Row("attn-fa3", "FlashAttention-3 (Hopper)",
         _ddp("model.attn_implementation=flash_attention_3"), 25, 120,
         needs=("flash_attn_interface",)),
-    Row("liger", "Liger's Triton kernels on", _ddp("train.liger_kernel=true"), 35, 150,
-        needs=("liger_kernel",)),
-    Row("moe-zero3", "tiny-moe scaled up under ZeRO-3 (experts as leaf modules)",
-        ("strategy=zero3", "precision=bf16"), 40, 150, model="moe-0.4b"),
-    Row("compile", "torch.compile (inductor) on", _ddp("train.compile=true"), 90, 240),
+    Row("zero2-bf16", "DeepSpeed ZeRO-2", ("strategy=zero2", "precision=bf16"), 60, 120),
 )
 
 
@@ -441,6 +444,16 @@ def cap_of(row: Row, s: Settings) -> int:
     return int(min(row.timeout, s.left()))
 
 
+def stopped(record: dict[str, Any], row: Row, cap: int, log: Path) -> dict[str, Any]:
+    """A row stopped at its cap: timed out (a failure) at its own timeout; skipped where
+    the budget's end set the cap lower (the budget's planned seconds were too few)."""
+    if cap < row.timeout:
+        return {**record, "status": "skipped", "error_tail": tail(log),
+                "reason": f"budget: stopped after {cap} s, when the budget ran out "
+                          f"(run it alone: ROWS={row.name})"}
+    return {**record, "status": "timed out", "error_tail": tail(log)}
+
+
 def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
     out = s.work / row.name
     log = s.work / "logs" / f"{row.name}.log"
@@ -450,7 +463,7 @@ def run_row(row: Row, s: Settings, base_model: Path | None) -> dict[str, Any]:
     code = run_logged(row_argv(row, s, "train", out, base_model), log, cap)
     record["wall_s"] = round(time.time() - began, 1)
     if code is None:
-        return {**record, "status": "timed out", "error_tail": tail(log)}
+        return stopped(record, row, cap, log)
     if code == 2 and s.dry:  # a GPU-only switch refused before launch: what CPU says
         refusal = tail(log).strip().splitlines()[-1:]
         return {**record, "status": "skipped", "reason": f"refused on CPU: {' '.join(refusal)}"}
@@ -482,11 +495,13 @@ def run_eval(row: Row, s: Settings, model: Path) -> dict[str, Any]:
     for extra in ((), split):
         before = set(model.parent.glob("eval/*/"))
         argv = [sys.executable, "-m", "launcher", "eval", str(model), *row.overrides, *extra]
-        code = run_logged(argv, log, cap_of(row, s))
+        cap = cap_of(row, s)
+        code = run_logged(argv, log, cap)
         record["wall_s"] = round(time.time() - began, 1)
+        if code is None:
+            return stopped(record, row, cap, log)
         if code != 0:
-            return {**record, "status": "timed out" if code is None else "failed",
-                    "exit": code, "error_tail": tail(log)}
+            return {**record, "status": "failed", "exit": code, "error_tail": tail(log)}
         runs.append(read_eval(set(model.parent.glob("eval/*/")) - before))
     one, other = runs
     agree = sum(one["answers"].get(doc) == answer for doc, answer in other["answers"].items())
@@ -580,8 +595,20 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
                              "overrides": list(row.overrides), "model": row.model,
                              "planned_s": row.seconds, **record}
         s.say(line_of(row, record))
+        # after every row: a device command stopped at its own limit keeps what ran
+        write_results(results, s, found, complete=False)
     if os.environ.get("KEEP") != "1":
         shutil.rmtree(s.work / QLORA_BASE, ignore_errors=True)
+    path, meta = write_results(results, s, found, complete=True)
+    print_table(results, meta)
+    s.say(f"written: {path}")
+    return 1 if any(r["status"] in ("failed", "timed out") for r in results.values()) else 0
+
+
+def write_results(results: dict[str, dict[str, Any]], s: Settings, found: dict[str, Any],
+                  complete: bool) -> tuple[Path, dict[str, Any]]:
+    """$RESULTS/gpu_matrix.json (gpu_matrix-partial.json for ROWS/STRATEGIES; under WORK
+    for --dry): the rows so far, `complete` once every selected row has its record."""
     base_speed = (results.get("ddp-bf16") or {}).get("tokens_per_s")
     for r in results.values():
         if base_speed and r.get("tokens_per_s") and r["model"] == "llama-1b":
@@ -590,20 +617,19 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
             "gpu_gib": found["gib"], "preset": s.preset, "torch": found["torch"],
             "cuda": found["cuda"], "steps": s.steps, "timed_from_step": WARM,
             "micro_batch": s.shape()[2], "seq_len": s.shape()[0], "gpus": s.gpus,
-            "budget_s": s.budget_s, "dry": s.dry,
+            "budget_s": s.budget_s, "dry": s.dry, "complete": complete,
             "install_s": float(os.environ.get("INSTALLED") or 0),
             "total_s": round(s.elapsed(), 1), "versions": versions(),
             "models": {name: list(o) for name, o in MODELS.items()}}
     name = "gpu_matrix" if not (os.environ.get("ROWS") or os.environ.get("STRATEGIES")) \
         else "gpu_matrix-partial"
+    assert s.work is not None
     folder = (s.work / "results" if s.dry
               else Path(os.environ.get("RESULTS") or ROOT / "bench" / "results"))
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(
-        {"meta": meta, "rows": list(results.values())}, indent=2) + "\n")
-    print_table(results, meta)
-    s.say(f"written: {folder / f'{name}.json'}")
-    return 1 if any(r["status"] in ("failed", "timed out") for r in results.values()) else 0
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": list(results.values())}, indent=2) + "\n")
+    return path, meta
 
 
 def versions() -> dict[str, str | None]:

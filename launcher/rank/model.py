@@ -15,6 +15,7 @@ from launcher.config.schema import ModelConfig, RunConfig
 from launcher.engines.base import Engine
 from launcher.engines.final_model import fused_pattern_warning_silenced
 from launcher.engines.pretrained import NO_HUB_KERNELS
+from launcher.rank.attention import cast_flex_inputs
 
 
 def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = False) -> Any:
@@ -28,6 +29,8 @@ def build_model(cfg: RunConfig, engine: Engine, tokenizer: Any, whole: bool = Fa
     from transformers import AutoModelForCausalLM, set_seed
 
     set_seed(cfg.train.seed)  # identical initial weights on every rank
+    if cfg.model.attn_implementation == "flex_attention":
+        cast_flex_inputs()
     if cfg.peft.name == "qlora":
         return load_quantized(cfg)
     if engine.fills_from_rank_0 and not whole and int(os.environ.get("RANK", "0")) != 0:

@@ -73,6 +73,17 @@ def test_rows_that_use_the_base_model_come_after_it() -> None:
     assert matrix.eval_split(4) == ("--processes", "4")
 
 
+def test_a_row_the_budget_cuts_short_is_skipped_not_failed(tmp_path: Path) -> None:
+    """Only a row stopped at its own timeout fails the check (exit 1); one whose cap the
+    budget's end lowered is skipped, naming how to run it alone."""
+    matrix = bench_module("gpu_matrix")
+    row = matrix.ROWS[0]
+    log = tmp_path / "row.log"
+    cut = matrix.stopped({}, row, row.timeout - 1, log)
+    assert cut["status"] == "skipped" and f"ROWS={row.name}" in cut["reason"]
+    assert matrix.stopped({}, row, row.timeout, log)["status"] == "timed out"
+
+
 def test_bad_knobs_are_refused_together_before_anything_installs() -> None:
     """gpu.sh runs --validate first: every bad knob named in one message, exit 2."""
     def validate(**knobs: str) -> subprocess.CompletedProcess[str]:

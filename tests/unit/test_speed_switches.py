@@ -102,6 +102,39 @@ def test_flex_attention_is_refused_on_cpu_only() -> None:
     validate(compose_config(["model.attn_implementation=flex_attention", *A100_BF16]), "plan")
 
 
+def test_flex_attention_gets_its_inputs_in_the_autocast_dtype(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rotary step hands FlexAttention fp32 queries and keys next to bf16 values under
+    autocast; the ranks' registration casts all three, as autocast does for SDPA (a
+    forward on CPU: FlexAttention's backward is GPU-only)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.integrations import flex_attention
+
+    from launcher.rank.attention import cast_flex_inputs
+
+    seen: list[tuple[torch.dtype, ...]] = []
+    kernel = flex_attention.flex_attention_forward
+
+    def spy(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            *args: object, **kwargs: object) -> object:
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return kernel(module, q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(flex_attention, "flex_attention_forward", spy)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=100, attn_implementation="flex_attention"))
+    ids = torch.randint(0, 100, (2, 16))
+    cast_flex_inputs()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids)
+    assert seen == [(torch.bfloat16,) * 3]
+    with torch.no_grad():  # no autocast: the weights' dtype, untouched
+        model(ids)
+    assert seen[-1] == (torch.float32,) * 3
+
+
 SP = ["strategy=zero3", "parallel.sp=2", "cluster.gpus_per_node=2"]
 
 

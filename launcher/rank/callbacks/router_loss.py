@@ -35,6 +35,7 @@ class RouterAuxLoss(TrainerCallback):
         trainer.callback_handler.callbacks.insert(0, callback)
         return callback
 
+    @torch.compiler.disable  # under train.compile: eager, not traced into the model's graph
     def record(self, module: Any, args: Any, output: Any) -> None:
         aux = getattr(output, "aux_loss", None)
         if not module.training or not isinstance(aux, torch.Tensor):

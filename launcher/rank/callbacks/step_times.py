@@ -69,10 +69,14 @@ class StepTimes:
     def step_begin(self) -> None:
         self._begin, self._end, self._forwards = self._stamp(), None, []
 
+    # The hooks run on the model that train.compile compiles, and dynamo would trace them:
+    # a CUDA event made inside a graph, a Python float it may guard on. Kept eager.
+    @torch.compiler.disable
     def _forward_begins(self, module: torch.nn.Module, inputs: Any) -> None:
         if module.training and self._begin is not None:  # not an eval between steps
             self._forward_start = self._stamp()
 
+    @torch.compiler.disable
     def _forward_ends(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         if self._forward_start is not None:
             self._forwards.append((self._forward_start, self._stamp()))
