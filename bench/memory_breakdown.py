@@ -5,7 +5,8 @@ Per strategy, one `ftl train` run on 2 CPU ranks (the ~102M Llama built from con
 1024, 8 layers, intermediate 2752; fp32; micro batch 2 x 64 tokens of synthetic text, every
 row longer than max_length; STEPS steps; a checkpoint at the last step) records:
 - per phase, every rank's peak live tensor bytes (launcher/rank/memtrace.py: the counting CPU
-  allocator every run installs; metrics/rank<R>.json "memory") and peak RSS;
+  allocator, installed with train.cpu_live_bytes=true; metrics/rank<R>.json "memory") and
+  peak RSS;
 - inside step AT_STEP (a steady-state step), with `Breakdown` injected through
   `train.callbacks`: live bytes when the step begins, when the model's forward returns,
   when the wrapped torch optimizer's step() begins and ends, and the high-water mark since
@@ -45,7 +46,7 @@ OVERRIDES = [*MODEL, "train.micro_batch_size=2", "dataset.max_length=64",
              f"train.max_steps={STEPS}", "train.eval_steps=0",
              "train.eval_on_start=false", f"train.save_steps={STEPS}", "train.logging_steps=1",
              "dataset.format=text", "dataset.eval_path=", "dataset.eval_fraction=0.02",
-             "cluster.gpus_per_node=2", "train.show_examples=0"]
+             "cluster.gpus_per_node=2", "train.show_examples=0", "train.cpu_live_bytes=true"]
 """Every row of the synthetic data is longer than max_length, so every micro batch is
 exactly micro_batch_size x max_length tokens (the bundled arith rows average 31 tokens)."""
 GIB = 2**30

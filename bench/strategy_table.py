@@ -40,7 +40,9 @@ STEPS = 60
 WARM = 10
 OVERRIDES = [f"train.max_steps={STEPS}", "train.logging_steps=10", "train.eval_steps=0",
              "train.save_steps=1000", "train.eval_on_start=false", "cluster.gpus_per_node=2",
-             "train.show_examples=0"]
+             "train.show_examples=0", "train.cpu_live_bytes=true"]
+"""train.cpu_live_bytes: the live-tensor peak column needs the counting allocator, which CPU
+ranks install only when asked (it costs every allocation: each strategy pays it alike)."""
 MIB = 2**20
 
 

@@ -265,15 +265,38 @@ def activation_bytes(cfg: RunConfig) -> float:
     """Activations of one micro batch at dataset.max_length (a rank's slice of it under
     sequence parallelism) when the forward returns (the same under every strategy: none
     of them shards activations); outside the layers 3h per token (embedding output, final
-    norm) and the logits. No s x s term: SDPA on GPU and torch's CPU flash kernel keep no
-    attention scores (measured: the s = 128 run doubled, it did not quadruple). With
-    gradient checkpointing each layer keeps its input only (measured -2.7 %)."""
+    norm) and the logits. No s x s term but eager attention's (attention_score_bytes):
+    SDPA on GPU and torch's CPU flash kernel keep no attention scores (measured: the s =
+    128 run doubled, it did not quadruple). With gradient checkpointing each layer keeps
+    its input only (measured -2.7 %)."""
     model = cfg.model
     s, b, h = rank_sequence(cfg), micro_sequences(cfg), model.hidden_size
-    per_layer = (h if cfg.train.gradient_checkpointing
+    checkpointed = cfg.train.gradient_checkpointing
+    per_layer = (h if checkpointed
                  else layer_activation_elements(model, cfg.parallel.tp, cfg.parallel.sp))
     layers = model.num_layers * per_layer + 3 * h
-    return param_bytes(cfg.precision.name) * s * b * layers + training_logits_bytes(cfg, s)
+    scores = 0.0 if checkpointed else model.num_layers * attention_score_bytes(cfg)
+    return (param_bytes(cfg.precision.name) * s * b * layers + scores
+            + training_logits_bytes(cfg, s))
+
+
+SCORE_BYTES = {"fp32": 4, "fp16": 6, "bf16": 6}
+"""Bytes per attention score eager attention keeps for backward: softmax's output, which it
+computes in fp32, and under 16-bit precision also the 16-bit copy the scores-times-values
+matmul keeps (measured, fp32 and bf16 on CPU: ddp, the ~102M Llama at 2 x 512 tokens,
+eager minus sdpa at the forward's end = 4 and 6 bytes x b x heads x s^2 x layers, to
+0.2 %; docs/evidence/memory.md)."""
+
+
+def attention_score_bytes(cfg: RunConfig) -> float:
+    """One layer's attention scores kept for backward: eager attention's b x heads x s x s
+    (a tensor-parallel rank's share of the heads); 0 for the kernels that keep none (sdpa,
+    FlashAttention, FlexAttention recompute them in backward)."""
+    if cfg.model.attn_implementation != "eager":
+        return 0.0
+    heads = cfg.model.num_heads / cfg.parallel.tp
+    return (SCORE_BYTES[cfg.precision.name] * micro_sequences(cfg) * heads
+            * rank_sequence(cfg) ** 2)
 
 
 def logits_bytes(cfg: RunConfig, s: int) -> float:
@@ -348,7 +371,10 @@ def lora_activation_bytes(cfg: RunConfig) -> float:
         layer += sum(e * widths[i] for i in inputs)
         first = layer - e * h
     layers = (model.num_layers - 1) * layer + first + e * h
-    return s * b * layers + training_logits_bytes(cfg, s) + expert_lora_bytes(cfg)
+    # eager attention's scores: the adapted q/k/v need their gradients through them
+    # (derived from the full fine-tune's measurement)
+    scores = model.num_layers * attention_score_bytes(cfg)
+    return s * b * layers + scores + training_logits_bytes(cfg, s) + expert_lora_bytes(cfg)
 
 
 def expert_lora_bytes(cfg: RunConfig) -> float:
@@ -379,4 +405,5 @@ def layer_bytes(cfg: RunConfig) -> float:
     """One decoder layer's activations of one micro batch."""
     s, b = rank_sequence(cfg), micro_sequences(cfg)
     return float(param_bytes(cfg.precision.name) * s * b
-                 * layer_activation_elements(cfg.model, cfg.parallel.tp, cfg.parallel.sp))
+                 * layer_activation_elements(cfg.model, cfg.parallel.tp, cfg.parallel.sp)
+                 + attention_score_bytes(cfg))

@@ -168,6 +168,32 @@ def test_activations_match_the_measurement(micro: int, seq: int, checkpointing: 
     assert within(activation_bytes(cfg), MEASURED_ACTIVATIONS[(micro, seq, checkpointing)])
 
 
+# eager attention: `bench/memory_breakdown.py --strategies ddp --extra dataset.max_length=512
+# model.max_position_embeddings=512 precision=P model.attn_implementation=A` (2026-12-07);
+# live bytes at the forward's end minus at the step's begin
+MEASURED_EAGER = {  # precision: (sdpa, eager)
+    "fp32": (714_313_736, 781_291_592), "bf16": (684_953_608, 785_485_896),
+}
+LONG = [*CPU_MODEL, "dataset.max_length=512", "model.max_position_embeddings=512"]
+
+
+@pytest.mark.parametrize("precision", list(MEASURED_EAGER))
+def test_eager_attention_keeps_the_measured_scores(precision: str) -> None:
+    """Eager attention keeps b x heads x s^2 scores per layer (fp32 softmax output, and
+    under bf16 its 16-bit copy): the measured eager-minus-sdpa bytes, to 1 %."""
+    sdpa, eager = MEASURED_EAGER[precision]
+    kept = [activation_bytes(cfg_for(*LONG, f"precision={precision}",
+                                     f"model.attn_implementation={attn}"))
+            for attn in ("sdpa", "eager")]
+    assert within(kept[1] - kept[0], eager - sdpa, 0.01)
+    if precision == "fp32":
+        assert within(kept[1], eager, 0.01)
+    # Gradient checkpointing keeps no scores between layers; one layer's in its recompute.
+    assert activation_bytes(cfg_for(*LONG, "model.attn_implementation=eager",
+                                    "train.gradient_checkpointing=true")) == activation_bytes(
+        cfg_for(*LONG, "train.gradient_checkpointing=true"))
+
+
 @pytest.mark.parametrize("change", ["train.micro_batch_size=4", "dataset.max_length=128"])
 def test_doubling_moves_predicted_and_measured_activations_alike(change: str) -> None:
     base = MEASURED_ACTIVATIONS[(2, 64, False)]
