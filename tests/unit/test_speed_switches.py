@@ -104,34 +104,32 @@ def test_flex_attention_is_refused_on_cpu_only() -> None:
 
 def test_flex_attention_gets_its_inputs_in_the_autocast_dtype(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rotary step hands FlexAttention fp32 queries and keys next to bf16 values under
-    autocast; the ranks' registration casts all three, as autocast does for SDPA (a
-    forward on CPU: FlexAttention's backward is GPU-only)."""
+    """Under autocast the rotary step hands FlexAttention fp32 queries and keys next to
+    bf16 values (measured: launcher/rank/attention.py); after the ranks' registration the
+    function a model looks up for flex_attention casts all three, as autocast does for SDPA.
+    The kernel is stood in for (FlexAttention compiles its block mask on CPU: ~8 s)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.integrations import flex_attention
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from launcher.rank.attention import cast_flex_inputs
 
     seen: list[tuple[torch.dtype, ...]] = []
-    kernel = flex_attention.flex_attention_forward
 
-    def spy(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            *args: object, **kwargs: object) -> object:
+    def kernel(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               *args: object, **kwargs: object) -> tuple[torch.Tensor, None]:
         seen.append((q.dtype, k.dtype, v.dtype))
-        return kernel(module, q, k, v, *args, **kwargs)
+        return q.transpose(1, 2), None
 
-    monkeypatch.setattr(flex_attention, "flex_attention_forward", spy)
-    model = LlamaForCausalLM(LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, attn_implementation="flex_attention"))
-    ids = torch.randint(0, 100, (2, 16))
+    monkeypatch.setattr(flex_attention, "flex_attention_forward", kernel)
     cast_flex_inputs()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(ids)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface("flex_attention", None)
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8)
+    v = k.to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention(torch.nn.Module(), q, k, v, None, scaling=0.35)
     assert seen == [(torch.bfloat16,) * 3]
-    with torch.no_grad():  # no autocast: the weights' dtype, untouched
-        model(ids)
+    attention(torch.nn.Module(), q, k, k, None)  # no autocast: untouched
     assert seen[-1] == (torch.float32,) * 3
 
 
