@@ -352,7 +352,8 @@ class TrainConfig:
     optimizer: str = "auto"
     """AdamW implementation. auto: DeepSpeed's own under DeepSpeed on GPU presets (FusedAdam;
     DeepSpeedCPUAdam with offload_optimizer), both JIT-compiled on first use (FusedAdam with
-    nvcc: it needs the CUDA toolkit); the Trainer's torch AdamW elsewhere (fused on GPUs).
+    nvcc: it needs the CUDA toolkit, and `ftl train` refuses it on a machine with neither
+    nvcc nor a build of it); the Trainer's torch AdamW elsewhere (fused on GPUs).
     torch: the Trainer's torch AdamW everywhere (torch's fused CUDA kernel on GPUs, as fast
     as FusedAdam): nothing to compile, so a machine with only the driver can run DeepSpeed."""
     mfu: float = 0.4

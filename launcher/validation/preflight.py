@@ -3,6 +3,7 @@ validation stage (launcher/validation/validate.py): each returns problems, never
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from launcher.data import mixture
 from launcher.data.datascan import scan_file
 from launcher.data.formats import FORMATS
 from launcher.data.hub import Coordinates, is_hub_id, pinned_revision
+from launcher.engines.deepspeed.ops import use_own_build_cache
 from launcher.errors import DataError
 from launcher.estimator.disk import disk_need
 from launcher.estimator.memory import GIB
@@ -87,6 +89,51 @@ def visible_devices(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str | N
             "name. Fix: "
             f"cluster.launcher=torchrun, or indices in {VISIBLE_DEVICES}."]
     return ",".join(ids), []
+
+
+FUSED_ADAM_PREBUILT = "ops/adam/fused_adam_op*.so"
+"""DeepSpeed installed with DS_BUILD_FUSED_ADAM=1 (its package dir)."""
+FUSED_ADAM_BUILT = "fused_adam/fused_adam.so"
+"""A JIT build of FusedAdam in the ranks' build cache (engines/deepspeed/ops.py)."""
+
+
+def fused_adam_problems(cfg: RunConfig, environ: Mapping[str, str]) -> list[str]:
+    """DeepSpeed's FusedAdam (train.optimizer=auto under DeepSpeed on a GPU preset, no
+    offload_optimizer: ds_config's optimizer block) is compiled with nvcc at the first step;
+    with no CUDA toolkit, prebuilt op or earlier build here every rank fails there, after
+    the model was built ("CUDA_HOME does not exist, unable to compile CUDA op(s)")."""
+    strategy, preset = cfg.strategy, GPU_PRESETS.get(cfg.cluster.gpu)
+    if (preset is None or preset.is_cpu or strategy.backend != "deepspeed"
+            or cfg.train.optimizer != "auto" or strategy.offload_optimizer):
+        return []
+    if nvcc(environ) is not None or fused_adam_built(environ):
+        return []
+    return [f"train.optimizer=auto with strategy={strategy.name} on cluster.gpu="
+            f"{cfg.cluster.gpu}: DeepSpeed's FusedAdam is compiled with nvcc at the first "
+            "step, and this machine has no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH or "
+            "in /usr/local/cuda) and no built FusedAdam. Fix: train.optimizer=torch (the "
+            "Trainer's fused torch AdamW: nothing to compile), or install the CUDA toolkit "
+            "that matches torch's CUDA and set CUDA_HOME."]
+
+
+def nvcc(environ: Mapping[str, str]) -> Path | None:
+    """The nvcc a JIT build would use, found as torch finds the CUDA home: CUDA_HOME or
+    CUDA_PATH, else nvcc on PATH, else /usr/local/cuda."""
+    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
+    candidates = ([Path(home) / "bin" / "nvcc"] if home else
+                  [Path(on_path)] if on_path else [Path("/usr/local/cuda/bin/nvcc")])
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def fused_adam_built(environ: Mapping[str, str]) -> bool:
+    """A FusedAdam the ranks can load without compiling: DeepSpeed's prebuilt op, or a JIT
+    build in the build cache they use (not imported: `ftl plan` stays light)."""
+    spec = importlib.util.find_spec("deepspeed")
+    package = Path(next(iter(spec.submodule_search_locations or []), "")) if spec else None
+    if package is not None and any(package.glob(FUSED_ADAM_PREBUILT)):
+        return True
+    return (use_own_build_cache(dict(environ)) / FUSED_ADAM_BUILT).is_file()
 
 
 def hostfile_problems(path: str, nodes: int) -> list[str]:

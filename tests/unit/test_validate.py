@@ -150,6 +150,28 @@ def test_cuda_visible_devices_must_list_the_ranks_gpus(monkeypatch: pytest.Monke
     assert visible_devices(compose_config([]), {"CUDA_VISIBLE_DEVICES": ""}) == (None, [])
 
 
+def test_deepspeeds_fused_adam_needs_nvcc_or_a_build(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DeepSpeed on a GPU preset train.optimizer=auto compiles FusedAdam with nvcc at
+    the first step: refused where CUDA_HOME holds no nvcc and nothing is built."""
+    zero2 = ["cluster.gpu=a100-80g", "strategy=zero2"]
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))  # a runtime-only install
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    text = "\n".join(problems_for(zero2, "train"))
+    assert "train.optimizer=auto with strategy=zero2 on cluster.gpu=a100-80g: DeepSpeed's " \
+           "FusedAdam is compiled with nvcc" in text and "Fix: train.optimizer=torch" in text
+    for fine in (["train.optimizer=torch"], ["strategy=zero2_offload"], ["strategy=fsdp"]):
+        assert "FusedAdam" not in "\n".join(problems_for([*zero2, *fine], "train"))
+    built = tmp_path / "ext" / "fused_adam" / "fused_adam.so"  # an earlier JIT build
+    built.parent.mkdir(parents=True)
+    built.touch()
+    assert "FusedAdam" not in "\n".join(problems_for(zero2, "train"))
+    built.unlink()
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").touch()
+    assert "FusedAdam" not in "\n".join(problems_for(zero2, "train"))
+
+
 @pytest.mark.parametrize(
     "override, shown",
     [
