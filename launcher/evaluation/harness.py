@@ -66,6 +66,18 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def release_device_memory() -> None:
+    """What a model no longer referenced left on the GPU: freed objects, the allocator's
+    cached blocks returned (nothing to do where CUDA never started)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def harness_model(model: Any, tokenizer: Any, ev: EvalConfig) -> Any:
     """The harness's HFLM: a model dir's path (the harness loads, shards with eval.shard,
     splits examples under `accelerate launch`), or a model ftl loaded, moved to the device."""

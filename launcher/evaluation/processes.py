@@ -54,9 +54,12 @@ def shard_problem(gpus: int) -> str | None:
 
 
 def launch_argv(processes: int, request: str) -> list[str]:
+    """accelerate launch with every setting ftl relies on given, so none comes from the
+    user's default accelerate config (a gpu_ids there would narrow CUDA_VISIBLE_DEVICES
+    below the GPUs processes_problem counted; accelerate 1.16 launch.py)."""
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes",
             str(processes), "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no"]
+            "--dynamo_backend", "no", "--gpu_ids", "all"]
     if processes > 1:
         argv.append("--multi_gpu")
     return [*argv, "--module", "launcher.evaluation.worker", request]

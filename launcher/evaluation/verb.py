@@ -18,7 +18,7 @@ from launcher.config.compose import compose_config, load_run_config
 from launcher.config.schema import EvalConfig, RunConfig
 from launcher.data.eval_tasks import OFFLINE_ENV, harness_missing, load_tasks
 from launcher.errors import ConfigError
-from launcher.evaluation.harness import evaluate, table
+from launcher.evaluation.harness import evaluate, release_device_memory, table
 from launcher.evaluation.models import (
     initial_weights,
     load_model,
@@ -91,12 +91,7 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir,
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)
     summaries = []
     if cfg.eval.before:
-        eval_dir = new_eval_dir(run_dir, "initial")
-        model, tokenizer = initial_weights(cfg, run_dir.path)
-        summary = _score(model, tokenizer, tasks, cfg.eval, eval_dir,
-                         f"initial ({cfg.model.path or 'built from config'})", "initial")
-        summaries.append(_show(eval_dir.path, summary))
-        log_scores(cfg, run_dir, summary, step_of(run_dir, None))
+        summaries.append(_score_initial(cfg, run_dir, tasks))
         tasks = load_tasks(cfg.eval.tasks, cfg.eval.include_path)  # a Task keeps its run
     eval_dir = new_eval_dir(run_dir, "final")
     summary = _score(str(run_dir.model), None, tasks, cfg.eval, eval_dir,
@@ -106,6 +101,20 @@ def evaluate_run(cfg: RunConfig, run_dir: RunDir,
     if len(summaries) == 2:
         print(before_after(*summaries), flush=True)
     return summaries
+
+
+def _score_initial(cfg: RunConfig, run_dir: RunDir, tasks: list[object]) -> EvalSummary:
+    """eval.before: the starting weights scored, and gone from the device when this returns
+    (the final model, or its eval.processes workers, get the GPU to themselves)."""
+    eval_dir = new_eval_dir(run_dir, "initial")
+    model, tokenizer = initial_weights(cfg, run_dir.path)
+    summary = _score(model, tokenizer, tasks, cfg.eval, eval_dir,
+                     f"initial ({cfg.model.path or 'built from config'})", "initial")
+    del model, tokenizer
+    release_device_memory()
+    _show(eval_dir.path, summary)
+    log_scores(cfg, run_dir, summary, step_of(run_dir, None))
+    return summary
 
 
 def chat_template_problem(model_dir: Path, typed: bool | None) -> str | None:

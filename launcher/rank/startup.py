@@ -70,11 +70,18 @@ def join_world(cfg: RunConfig, run_dir: RunDir, backend: str, alone_too: bool = 
 
 
 def collective_timeout(seconds: float) -> None:
-    """The default group's timeout from now on (the start-up bound until then)."""
+    """The default group's timeout from now on (the start-up bound until then), and every
+    group made later without a timeout of its own: DeepSpeed's ZeRO, AutoTP and Ulysses
+    groups (dist.new_group) would get torch's default, 10 minutes on NCCL (30 on gloo; torch
+    2.13 distributed_c10d._get_default_timeout), and end a hung or slow-starting run ahead
+    of the hang watchdog, with no stacks."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
+        timeout = timedelta(seconds=seconds)
+        c10d = dist.distributed_c10d
+        c10d._set_pg_timeout(timeout)
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
 
 
 def check_in(world: World, left_s: float) -> set[int]:

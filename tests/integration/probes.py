@@ -185,8 +185,8 @@ class WrapperProbe(TrainerCallback):
     probes/wrapper-rank<R>.json: {"model_class", "wrapped_class", "optimizer_chain",
     "optimizer_class", "optimizer_state_device", "param_dtype", "activation_checkpointing",
     "base_weights_4bit"} plus, under DeepSpeed: "zero_optimizer_class", "zero_stage",
-    "offload_optimizer", "offload_param", "local_device_count", "param_local_fraction"
-    (ZeRO-3); under FSDP2:
+    "offload_optimizer", "offload_param", "local_device_count", "dp_group_timeout_s",
+    "param_local_fraction" (ZeRO-3); under FSDP2:
     "fsdp_module", "param_class", "param_local_fraction", "offload_policies",
     "mp_param_dtypes", "mp_reduce_dtypes".
     """
@@ -245,6 +245,10 @@ def zero_info(zero: Any, params: list[nn.Parameter]) -> dict[str, Any]:
         # The node's rank count on CPU only when the launch sets LOCAL_SIZE (else 1, after a
         # numactl subprocess on every call).
         "local_device_count": get_accelerator().device_count(),
+        # DeepSpeed's own group (dist.new_group): the run's collective timeout, not torch's
+        # default for a new group (10 minutes on NCCL, 30 on gloo)
+        "dp_group_timeout_s": zero.dp_process_group._get_backend(
+            torch.device("cpu")).options._timeout.total_seconds(),
     }
     if stage3:
         local = sum(p.ds_tensor.numel() for p in params)

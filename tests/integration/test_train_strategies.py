@@ -33,7 +33,9 @@ from runs import (
     describe_failure,
 )
 
+from launcher.config.schema import TrainConfig
 from launcher.data.preprocess import read_prepared
+from launcher.rank.watchdog import collective_timeout_s
 from launcher.rundir import RunDir
 from launcher.rundir.checkpoints import is_complete, list_checkpoints
 
@@ -41,8 +43,12 @@ pytestmark = pytest.mark.slow
 
 MICRO_BATCH, MAX_STEPS, WORLD = 4, 8, 2
 
-# Under DeepSpeed: its engine, and the node's two ranks counted (LOCAL_SIZE on CPU).
-ZERO = {"wrapped_class": "DeepSpeedEngine", "local_device_count": WORLD}
+# Under DeepSpeed: its engine, the node's two ranks counted (LOCAL_SIZE on CPU), and its
+# own process group under the run's collective timeout (not torch's default for a new group).
+TRAIN = TrainConfig()
+ZERO = {"wrapped_class": "DeepSpeedEngine", "local_device_count": WORLD,
+        "dp_group_timeout_s": collective_timeout_s(TRAIN.hang_timeout_s,
+                                                   TRAIN.first_step_timeout_s)}
 # What the WrapperProbe must find for each strategy.
 EXPECTED_WRAPPER: dict[str, dict[str, Any]] = {
     "ddp": {"wrapped_class": "DistributedDataParallel", "model_class": "LlamaForCausalLM"},

@@ -112,6 +112,7 @@ def test_data_parallel_evaluation_is_refused_where_it_would_not_split() -> None:
     argv = launch_argv(4, "/run/eval/x/request.json")
     assert argv[1:3] == ["-m", "accelerate.commands.launch"]
     assert argv[argv.index("--num_processes") + 1] == "4" and "--multi_gpu" in argv
+    assert argv[argv.index("--gpu_ids") + 1] == "all"  # not the user's accelerate config's
     assert argv[-3:] == ["--module", "launcher.evaluation.worker", "/run/eval/x/request.json"]
 
 
