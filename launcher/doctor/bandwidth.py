@@ -15,6 +15,9 @@ SIZES_MIB = (1, 4, 16, 64, 256)
 TIMED_BYTES = 256 * 2**20
 """Bytes all-reduced per size, spread over its iterations (at least 2, at most 20): about
 a second in all over gloo on two CPU processes, milliseconds over NVLink."""
+GPU_TIMED_BYTES = 16 * TIMED_BYTES
+"""On GPUs (NCCL): 16 x as many, so even the 256 MiB size averages 16 iterations (about
+10 ms over NVLink), each size after an untimed all-reduce of its own, as nccl-tests does."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ def bus_bandwidth(size_bytes: int, ranks: int, seconds: float) -> float:
 
 def measure(scope: str, node: int | None, group: Any, device: Any) -> list[Measured]:
     """Every size in SIZES_MIB over `group`: timed iterations after one warm-up
-    all-reduce. Every member times it; the caller keeps one member's figures."""
+    all-reduce (on GPUs one per size). Every member times it; the caller keeps one
+    member's figures."""
     import torch
     import torch.distributed as dist
 
@@ -47,10 +51,13 @@ def measure(scope: str, node: int | None, group: Any, device: Any) -> list[Measu
     warm = torch.ones(2**18, dtype=torch.float32, device=device)
     dist.all_reduce(warm, group=group)  # connections and buffers before the first timing
     found = []
+    on_gpu = device.type == "cuda"
     for mib in SIZES_MIB:
         size = mib * 2**20
         tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-        iterations = max(2, min(20, TIMED_BYTES // size))
+        iterations = max(2, min(20, (GPU_TIMED_BYTES if on_gpu else TIMED_BYTES) // size))
+        if on_gpu:  # the size's first all-reduce untimed (gloo's cost nothing measurable)
+            dist.all_reduce(tensor, group=group)
         _sync(device)
         dist.barrier(group=group)
         start = time.perf_counter()

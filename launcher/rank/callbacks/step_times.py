@@ -48,7 +48,9 @@ class StepTimes:
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if first is None or self._handles:
             return
-        self._on_gpu = first.device.type == "cuda"
+        # Where the steps run, not where the first parameter lives: under FSDP with CPU
+        # offload the sharded parameters stay on the host while every step runs on the GPU.
+        self._on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._handles = [first.register_post_accumulate_grad_hook(self._backward_done),
                          model.register_forward_pre_hook(self._forward_begins),
                          model.register_forward_hook(self._forward_ends)]
