@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict
 from operator import attrgetter
@@ -97,23 +98,68 @@ FUSED_ADAM_BUILT = "fused_adam/fused_adam.so"
 """A JIT build of FusedAdam in the ranks' build cache (engines/deepspeed/ops.py)."""
 
 
-def fused_adam_problems(cfg: RunConfig, environ: Mapping[str, str]) -> list[str]:
+def fused_adam_problems(cfg: RunConfig, environ: Mapping[str, str],
+                        torch_cuda: str | None) -> list[str]:
     """DeepSpeed's FusedAdam (train.optimizer=auto under DeepSpeed on a GPU preset, no
     offload_optimizer: ds_config's optimizer block) is compiled with nvcc at the first step;
-    with no CUDA toolkit, prebuilt op or earlier build here every rank fails there, after
-    the model was built ("CUDA_HOME does not exist, unable to compile CUDA op(s)")."""
+    with no CUDA toolkit, or one whose version DeepSpeed will not build with for torch's
+    CUDA (`torch_cuda`, None for a CPU torch), and no prebuilt op or earlier build here,
+    every rank fails there, after the model was built ("CUDA_HOME does not exist", "Installed
+    CUDA version 13.0 does not match the version torch was compiled with 12.8")."""
     strategy, preset = cfg.strategy, GPU_PRESETS.get(cfg.cluster.gpu)
     if (preset is None or preset.is_cpu or strategy.backend != "deepspeed"
-            or cfg.train.optimizer != "auto" or strategy.offload_optimizer):
+            or cfg.train.optimizer != "auto" or strategy.offload_optimizer
+            or fused_adam_built(environ)):
         return []
-    if nvcc(environ) is not None or fused_adam_built(environ):
+    key = f"train.optimizer=auto with strategy={strategy.name} on cluster.gpu={cfg.cluster.gpu}"
+    fix = ("Fix: train.optimizer=torch (the Trainer's fused torch AdamW: nothing to "
+           "compile), or ")
+    compiler = nvcc(environ)
+    if compiler is None:
+        return [f"{key}: DeepSpeed's FusedAdam is compiled with nvcc at the first step, and "
+                "this machine has no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH or in "
+                f"/usr/local/cuda) and no built FusedAdam. {fix}install the CUDA toolkit "
+                "that matches torch's CUDA and set CUDA_HOME."]
+    toolkit = nvcc_release(compiler)
+    if torch_cuda is None or toolkit is None or builds_across(toolkit, torch_cuda, environ):
         return []
-    return [f"train.optimizer=auto with strategy={strategy.name} on cluster.gpu="
-            f"{cfg.cluster.gpu}: DeepSpeed's FusedAdam is compiled with nvcc at the first "
-            "step, and this machine has no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH or "
-            "in /usr/local/cuda) and no built FusedAdam. Fix: train.optimizer=torch (the "
-            "Trainer's fused torch AdamW: nothing to compile), or install the CUDA toolkit "
-            "that matches torch's CUDA and set CUDA_HOME."]
+    return [f"{key}: DeepSpeed compiles FusedAdam at the first step with {compiler} (CUDA "
+            f"{toolkit}) and refuses to for a torch built with CUDA {torch_cuda}. {fix}"
+            f"CUDA_HOME set to a CUDA {torch_cuda.split('.')[0]} toolkit."]
+
+
+def builds_across(toolkit: str, torch_cuda: str, environ: Mapping[str, str]) -> bool:
+    """Whether DeepSpeed 0.19.8 builds an op with this toolkit for this torch
+    (op_builder/builder.py assert_no_cuda_mismatch): the same major.minor, or the same
+    major among 10-12, whose minors it takes as compatible; DS_SKIP_CUDA_CHECK=1 skips it."""
+    mine, theirs = toolkit.split(".")[:2], torch_cuda.split(".")[:2]
+    return (mine == theirs or (mine[0] == theirs[0] and mine[0] in ("10", "11", "12"))
+            or environ.get("DS_SKIP_CUDA_CHECK") == "1")
+
+
+def nvcc_release(compiler: Path) -> str | None:
+    """`nvcc --version`'s "release X.Y"; None where it does not run or say."""
+    try:
+        out = subprocess.run([str(compiler), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else None
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version torch was built with (torch.version.cuda), read from its
+    version.py without importing torch; None for a CPU build or no torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\b[^=]*=\s*['\"]([\d.]+)['\"]", text, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def nvcc(environ: Mapping[str, str]) -> Path | None:

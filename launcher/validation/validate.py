@@ -110,7 +110,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
         problems = preflight.local_launch_problems(cfg)
         problems += preflight.host_memory_problems(cfg, checked.estimate)
         checked.visible_devices, visible = preflight.visible_devices(cfg, os.environ)
-        problems += visible + preflight.fused_adam_problems(cfg, os.environ)
+        problems += visible + preflight.fused_adam_problems(
+            cfg, os.environ, preflight.torch_cuda_version())
     else:
         # The job reads the same files: a bad row is better found on the login node.
         problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)

@@ -5,6 +5,7 @@ comes back in one ConfigError."""
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from launcher.errors import ConfigError
 from launcher.launchers.command import build_launch
 from launcher.run.planner import make_plan
 from launcher.rundir import write_complete_marker
-from launcher.validation.preflight import visible_devices
+from launcher.validation.preflight import fused_adam_problems, visible_devices
 from launcher.validation.validate import Target, validate
 
 
@@ -167,9 +168,19 @@ def test_deepspeeds_fused_adam_needs_nvcc_or_a_build(tmp_path: Path,
     built.touch()
     assert "FusedAdam" not in "\n".join(problems_for(zero2, "train"))
     built.unlink()
+    # A toolkit: fine for a torch of the same CUDA (a CPU torch, as here: not asked), refused
+    # across majors, as DeepSpeed refuses to build (its check: the same major among 10-12).
     (tmp_path / "cuda" / "bin").mkdir(parents=True)
-    (tmp_path / "cuda" / "bin" / "nvcc").touch()
+    compiler = tmp_path / "cuda" / "bin" / "nvcc"
+    compiler.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    compiler.chmod(0o755)
     assert "FusedAdam" not in "\n".join(problems_for(zero2, "train"))
+    cfg, env = compose_config(zero2), dict(os.environ)
+    (mismatch,) = fused_adam_problems(cfg, env, "12.8")
+    assert f"with {compiler} (CUDA 13.0) and refuses to for a torch built with CUDA 12.8" \
+        in mismatch and "CUDA_HOME set to a CUDA 12 toolkit" in mismatch
+    assert fused_adam_problems(cfg, env, "13.0") == []
+    assert fused_adam_problems(cfg, {**env, "DS_SKIP_CUDA_CHECK": "1"}, "12.8") == []
 
 
 @pytest.mark.parametrize(
