@@ -116,10 +116,12 @@ def fused_adam_problems(cfg: RunConfig, environ: Mapping[str, str],
            "compile), or ")
     compiler = nvcc(environ)
     if compiler is None:
+        home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+        looked = (f"CUDA_HOME={home} holds no bin/nvcc" if home
+                  else "no nvcc on PATH or in /usr/local/cuda, CUDA_HOME unset")
         return [f"{key}: DeepSpeed's FusedAdam is compiled with nvcc at the first step, and "
-                "this machine has no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH or in "
-                f"/usr/local/cuda) and no built FusedAdam. {fix}install the CUDA toolkit "
-                "that matches torch's CUDA and set CUDA_HOME."]
+                f"this machine has no CUDA toolkit ({looked}) and no built FusedAdam. "
+                f"{fix}install the CUDA toolkit that matches torch's CUDA and set CUDA_HOME."]
     toolkit = nvcc_release(compiler)
     if torch_cuda is None or toolkit is None or builds_across(toolkit, torch_cuda, environ):
         return []

@@ -161,6 +161,7 @@ def test_deepspeeds_fused_adam_needs_nvcc_or_a_build(tmp_path: Path,
     text = "\n".join(problems_for(zero2, "train"))
     assert "train.optimizer=auto with strategy=zero2 on cluster.gpu=a100-80g: DeepSpeed's " \
            "FusedAdam is compiled with nvcc" in text and "Fix: train.optimizer=torch" in text
+    assert f"(CUDA_HOME={tmp_path / 'cuda'} holds no bin/nvcc)" in text
     for fine in (["train.optimizer=torch"], ["strategy=zero2_offload"], ["strategy=fsdp"]):
         assert "FusedAdam" not in "\n".join(problems_for([*zero2, *fine], "train"))
     built = tmp_path / "ext" / "fused_adam" / "fused_adam.so"  # an earlier JIT build
