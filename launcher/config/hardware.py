@@ -48,3 +48,10 @@ GPU_PRESETS: dict[str, GpuPreset] = {
 def gpu_preset(name: str) -> GpuPreset:
     """The preset called `name`; validation has already rejected unknown names."""
     return GPU_PRESETS[name]
+
+
+def is_gpu_preset(name: str) -> bool:
+    """Whether cluster.gpu=`name` is a known GPU preset: False for cpu, and for an unknown
+    name, which validation reports on its own (rules.CHOICES)."""
+    preset = GPU_PRESETS.get(name)
+    return preset is not None and not preset.is_cpu

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.config.compose import SOURCES
-from launcher.config.hardware import GPU_PRESETS
+from launcher.config.hardware import is_gpu_preset
 from launcher.config.schema import NO_SCHEDULER, RunConfig
 from launcher.data import mixture
 from launcher.data.datascan import scan_file
@@ -70,8 +70,7 @@ def visible_devices(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str | N
     listed for cluster.gpus_per_node, as indices where DeepSpeed's launcher must name them
     (launchers/command.py); (None, []) where it is not set or not a local GPU launch."""
     cluster, value = cfg.cluster, environ.get(VISIBLE_DEVICES)
-    preset = GPU_PRESETS.get(cluster.gpu)
-    if value is None or preset is None or preset.is_cpu or cluster.nodes > 1:
+    if value is None or not is_gpu_preset(cluster.gpu) or cluster.nodes > 1:
         return None, []
     ids = [item.strip() for item in value.split(",") if item.strip()]
     if not ids:
@@ -106,17 +105,16 @@ def fused_adam_problems(cfg: RunConfig, environ: Mapping[str, str],
     CUDA (`torch_cuda`, None for a CPU torch), and no prebuilt op or earlier build here,
     every rank fails there, after the model was built ("CUDA_HOME does not exist", "Installed
     CUDA version 13.0 does not match the version torch was compiled with 12.8")."""
-    strategy, preset = cfg.strategy, GPU_PRESETS.get(cfg.cluster.gpu)
-    if (preset is None or preset.is_cpu or strategy.backend != "deepspeed"
+    strategy = cfg.strategy
+    if (not is_gpu_preset(cfg.cluster.gpu) or strategy.backend != "deepspeed"
             or cfg.train.optimizer != "auto" or strategy.offload_optimizer
             or fused_adam_built(environ)):
         return []
     key = f"train.optimizer=auto with strategy={strategy.name} on cluster.gpu={cfg.cluster.gpu}"
     fix = ("Fix: train.optimizer=torch (the Trainer's fused torch AdamW: nothing to "
            "compile), or ")
-    compiler = nvcc(environ)
+    compiler, home = nvcc(environ), cuda_home(environ)
     if compiler is None:
-        home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
         looked = (f"CUDA_HOME={home} holds no bin/nvcc" if home
                   else "no nvcc on PATH or in /usr/local/cuda, CUDA_HOME unset")
         return [f"{key}: DeepSpeed's FusedAdam is compiled with nvcc at the first step, and "
@@ -164,14 +162,19 @@ def torch_cuda_version() -> str | None:
     return found.group(1) if found else None
 
 
+def cuda_home(environ: Mapping[str, str]) -> str | None:
+    """The CUDA home the user named (torch reads CUDA_HOME, then CUDA_PATH)."""
+    return environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+
+
 def nvcc(environ: Mapping[str, str]) -> Path | None:
     """The nvcc a JIT build would use, found as torch finds the CUDA home: CUDA_HOME or
-    CUDA_PATH, else nvcc on PATH, else /usr/local/cuda."""
-    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    CUDA_PATH, else nvcc on PATH, else /usr/local/cuda; None where that one is missing."""
+    home = cuda_home(environ)
     on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
-    candidates = ([Path(home) / "bin" / "nvcc"] if home else
-                  [Path(on_path)] if on_path else [Path("/usr/local/cuda/bin/nvcc")])
-    return next((c for c in candidates if c.is_file()), None)
+    compiler = (Path(home) / "bin" / "nvcc" if home else
+                Path(on_path) if on_path else Path("/usr/local/cuda/bin/nvcc"))
+    return compiler if compiler.is_file() else None
 
 
 def fused_adam_built(environ: Mapping[str, str]) -> bool:

@@ -17,7 +17,7 @@ import re
 import shlex
 from pathlib import Path
 
-from launcher.config.hardware import GPU_PRESETS
+from launcher.config.hardware import is_gpu_preset
 from launcher.config.schema import RunConfig
 from launcher.launchers.command import (
     DOCTOR_MODULE,
@@ -54,8 +54,7 @@ def sbatch_quote(value: str) -> str:
 
 
 def _has_gpus(cfg: RunConfig) -> bool:
-    preset = GPU_PRESETS.get(cfg.cluster.gpu)
-    return preset is not None and not preset.is_cpu
+    return is_gpu_preset(cfg.cluster.gpu)
 
 
 def sbatch_options(cfg: RunConfig, run_dir: str) -> list[str]:
