@@ -1,20 +1,25 @@
-"""SIGTERM and Ctrl-C lose nothing, and resume is told apart from a restart: `ftl train`
-signalled at a random step saves one complete checkpoint at an agreed step boundary and
-exits 75 (stopped, resumable, no final model or result); a half-written checkpoint that
-looks newer is planted; the same command again skips it, resumes at the next step without
-evaluating "at the start" again, and the two launches' losses joined equal the
-uninterrupted run's, one loss per step. In `make test`: SIGTERM under ZeRO-2 (DeepSpeed's
-engine and launcher) and FSDP2 with sharded checkpoints (torch.distributed.checkpoint), this
-one on the tiny mixture of experts (its router's loss joined in each step's loss): the
-collective saves of the strategies Slurm users preempt most; and Ctrl-C of an
-objective=dpo run under ddp (torchrun) with activation checkpointing (which must change no
-number; DPO's reference is rebuilt on resume); `make test-full` adds SIGTERM under ddp and
-ZeRO-3 (on the MoE) and that Ctrl-C case on SFT (FULL_CASES). The ddp Ctrl-C case also
-logs to every tracker (wandb offline, MLflow's file store in tmp): one tracker run across
-the stop and the resume, MLflow's params and each step's loss once, and no credential
-from the environment in any file.
-A second Ctrl-C aborts at once. kill -9 of `ftl train` still stops the ranks with a
-checkpoint, through the launcher's parent-death SIGTERM that torchrun forwards.
+"""SIGTERM, Ctrl-C and kill -9 lose nothing, and resume is told apart from a restart: `ftl
+train` signalled at a random step saves one complete checkpoint at an agreed step boundary
+and exits 75 (stopped, resumable, no final model or result); a half-written checkpoint
+that looks newer is planted; the same command again skips it, resumes at the next step
+without evaluating "at the start" again, and the two launches' losses joined equal the
+uninterrupted run's, one loss per step. In `make test`: Ctrl-C of an objective=dpo run
+under ddp (torchrun) with activation checkpointing (which must change no number; DPO's
+reference is rebuilt on resume), and kill -9 of `ftl train` (no handler runs in it) under
+ZeRO-2 (DeepSpeed's engine and launcher) and under FSDP2 with sharded checkpoints
+(torch.distributed.checkpoint), this one on the tiny mixture of experts (its router's loss
+joined in each step's loss): the collective saves of the strategies Slurm users preempt
+most. After the kill every process of the run exits and the ranks save all the same: under
+torchrun through the launcher's parent-death SIGTERM, which torchrun forwards (the path of
+a SIGTERM that reaches the ranks through torchrun alone, where their own handlers turn it
+into the agreed stop and leave RUN_DIR/preempt.requested for a batch script whose shell
+saw nothing); the deepspeed launcher's runner dies of it without passing it on, and its
+ranks see that `ftl train` is gone (FTL_SUPERVISOR). `make test-full` adds SIGTERM to `ftl
+train` under ddp, ZeRO-2, FSDP and ZeRO-3 (on the MoE) and the Ctrl-C case on SFT
+(FULL_CASES). The ddp Ctrl-C case also logs to every tracker (wandb offline, MLflow's file
+store in tmp): one tracker run across the stop and the resume, MLflow's params and each
+step's loss once, and no credential from the environment in any file.
+A second Ctrl-C aborts at once.
 
 The first launch's steps are slowed by an injected probe (SlowSteps) so that a signal can
 land at a chosen step (the resume runs without it); the references are the uninterrupted
@@ -115,32 +120,66 @@ def wait_for_record(metrics: Callable[[], Path | None], proc: subprocess.Popen[b
     raise AssertionError(f"no {what} within {WAIT_S} s")
 
 
+KILL = signal.SIGKILL
+"""A case's stop by kill -9 of `ftl train` alone (no handler runs in it): the ranks stop by
+themselves, through the launcher's parent-death SIGTERM that torchrun forwards, or, under
+the deepspeed launcher, whose runner dies of it without passing it on, because they see
+that `ftl train` is gone (FTL_SUPERVISOR)."""
+KILLED_REASON = {"torchrun": "SIGTERM", "deepspeed": SUPERVISOR_GONE}
+"""The reason RUN_DIR/preempted records after a kill -9 of `ftl train`, by launcher."""
+
+
 def stop_with_signal(root: Path, name: str, overrides: list[str], signum: signal.Signals,
                      at_step: int) -> tuple[Path, int]:
     """`ftl train` in its own session, `signum` to its process group once step `at_step`
-    is logged; returns (run dir, exit status)."""
+    is logged (KILL: to `ftl train` alone, then every process of the run must exit);
+    returns (run dir, exit status)."""
     root.mkdir(parents=True, exist_ok=True)
     proc = start_in_session(ftl_train_argv(root, name, overrides), root / f"{name}-1.log")
     latest = lambda: (run_dirs(root, name) or [None])[-1]  # noqa: E731
+    tree: list[psutil.Process] = []
     try:
         wait_for_step(lambda: latest() and latest() / "metrics.jsonl", at_step, proc)
-        os.killpg(proc.pid, signum)
-        returncode = proc.wait(timeout=WAIT_S)
+        if signum is KILL:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            assert len(tree) >= 3, tree  # the launcher and its 2 ranks
+            proc.kill()
+            returncode = proc.wait(timeout=10)
+            gone, alive = psutil.wait_procs(tree, timeout=WAIT_S)
+            # Without the parent-death signal the launcher, in a session of its own, and
+            # its ranks train on, orphaned.
+            assert not alive, f"still running after ftl train died: {alive}"
+        else:
+            os.killpg(proc.pid, signum)
+            returncode = proc.wait(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for process in tree:  # re-parented once ftl train is gone: not our children now
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
     run_dir = latest()
     assert run_dir is not None
     return run_dir, returncode
 
 
-def check_stopped_at_a_boundary(run_dir: Path, returncode: int, at_step: int, log: Path) -> int:
-    """The stop's evidence: exit 75, RUN_DIR/preempted names a step after the signal, whose
-    checkpoint is complete; that launch logged every step up to it once. Returns the step."""
-    assert returncode == STOPPED_EXIT, f"rc={returncode}\n{log.read_text()[-4000:]}"
-    assert "stopped before the last step" in log.read_text()
-    stop_step = json.loads((run_dir / "preempted").read_text())["step"]
-    assert at_step <= stop_step < MAX_STEPS, (at_step, stop_step)
+def check_stopped_at_a_boundary(stop: SignalStop) -> int:
+    """The stop's evidence: exit 75 (after a kill -9 of `ftl train`: its -9, the reason
+    the ranks stopped for and the request they left for a batch script), RUN_DIR/preempted
+    names a step after the signal, whose checkpoint is complete; that launch logged every
+    step up to it once. Returns the step."""
+    run_dir, log = stop.run_dir, stop.log
+    preempted = json.loads((run_dir / "preempted").read_text())
+    if stop.signum is KILL:
+        assert stop.returncode == -KILL, stop.returncode
+        assert preempted["reason"] == KILLED_REASON[stop.launcher], preempted
+        # a batch script whose shell saw nothing still finds the request and requeues
+        assert (run_dir / "preempt.requested").exists()
+    else:
+        assert stop.returncode == STOPPED_EXIT, f"rc={stop.returncode}\n{log.read_text()[-4000:]}"
+        assert "stopped before the last step" in log.read_text()
+    stop_step = preempted["step"]
+    assert stop.at_step <= stop_step < MAX_STEPS, (stop.at_step, stop_step)
     checkpoint = run_dir / "checkpoints" / f"checkpoint-{stop_step}"
     assert is_complete(checkpoint)
     # written once the checkpoint was complete, never before (a kill in the save)
@@ -166,16 +205,23 @@ DPO = ("objective=dpo",)
 TRACKED_CASE = ("ddp", "torchrun", signal.SIGINT, (*CHECKPOINTED, *DPO))
 """Also objective=dpo: its reference model is rebuilt on resume, and the losses must still
 join into the uninterrupted DPO run's (test_dpo.py's ddp run)."""
-FSDP_SHARDED_CASE = ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER)
+FSDP_SHARDED_CASE = ("fsdp", "torchrun", KILL, NO_GATHER)
 """Also test_world_size_change.py's first link of fsdp-sharded-2to1 (signal_stop)."""
-CASES = [("zero2", "deepspeed", signal.SIGTERM, ()), TRACKED_CASE, FSDP_SHARDED_CASE]
+CASES = [("zero2", "deepspeed", KILL, ()), TRACKED_CASE, FSDP_SHARDED_CASE]
+"""Each way a stop reaches the ranks once: `ftl train`'s own handler (the ddp Ctrl-C, whose
+request file every launcher's ranks read), and a kill -9 of `ftl train` under each
+launcher (FSDP under torchrun, ZeRO-2 under DeepSpeed's), each with its engine's
+collective save."""
 FULL_CASES = [("ddp", "torchrun", signal.SIGTERM, ()),
               ("ddp", "torchrun", signal.SIGINT, CHECKPOINTED),
+              ("zero2", "deepspeed", signal.SIGTERM, ()),
+              ("fsdp", "torchrun", signal.SIGTERM, NO_GATHER),
               ("zero3", "torchrun", signal.SIGTERM, ())]
 """`make test-full` only, since `make test` proves what it does: `ftl train` and the ranks
-handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), and ddp's
-save is the one the Ctrl-C case makes. ZeRO-3's stop is DeepSpeed's, as zero2's case here;
-its exact resume is test_sequence_parallel.py's (zero3 with parallel.sp=2) and, on the MoE,
+handle SIGTERM and SIGINT alike (supervise.STOP_SIGNALS, preempt.STOP_SIGNALS), the stop
+request's path is the same file under every launcher and engine, and ddp's save is the one
+the Ctrl-C case makes. ZeRO-3's stop is DeepSpeed's, as zero2's case here; its exact resume
+is test_sequence_parallel.py's (zero3 with parallel.sp=2) and, on the MoE,
 test_world_size_change.py's zero3 chain."""
 
 
@@ -184,6 +230,8 @@ class SignalStop:
     """The first launch of a case: `ftl train` signalled once step `at_step` was logged."""
     root: Path
     name: str
+    launcher: str
+    signum: signal.Signals
     run_dir: Path
     returncode: int
     at_step: int
@@ -217,8 +265,8 @@ def signal_stop(runs_root: Path, strategy: str, launcher: str, signum: signal.Si
         at_step = random.randint(2, 5)  # leaves room for the vote before the last step (8)
         started = time.monotonic()
         run_dir, returncode = stop_with_signal(root, name, slowed, signum, at_step)
-        _STOPS[root, name] = SignalStop(root, name, run_dir, returncode, at_step,
-                                        time.monotonic() - started)
+        _STOPS[root, name] = SignalStop(root, name, launcher, signum, run_dir, returncode,
+                                        at_step, time.monotonic() - started)
     return _STOPS[root, name]
 
 
@@ -279,7 +327,7 @@ def test_a_signal_saves_at_a_step_boundary_and_the_same_command_resumes_exactly(
     if tracked:  # the resumed launch evaluates once finished: scores into the same runs
         mine += EVAL_AFTER
     first_dir = stop.run_dir
-    stop_step = check_stopped_at_a_boundary(first_dir, stop.returncode, stop.at_step, stop.log)
+    stop_step = check_stopped_at_a_boundary(stop)
     half = plant_half_written_checkpoint(first_dir / "checkpoints", f"checkpoint-{stop_step}",
                                          f"checkpoint-{stop_step + 1}")
 
@@ -401,47 +449,3 @@ def test_a_second_ctrl_c_aborts_at_once(runs_root: Path) -> None:
     run_dir = run_dirs(root, name)[-1]
     assert not [c for c in list_checkpoints(run_dir / "checkpoints") if is_complete(c)]
     assert "aborting" in log.read_text()
-
-
-@pytest.mark.parametrize(("launcher", "reason"), [("torchrun", "SIGTERM"),
-                                                ("deepspeed", SUPERVISOR_GONE)],
-                         ids=["torchrun", "deepspeed"])
-def test_kill_9_of_ftl_train_still_stops_the_ranks_with_a_checkpoint(
-    runs_root: Path, launcher: str, reason: str,
-) -> None:
-    """`ftl train` dies at once (SIGKILL: no handler runs): the kernel's parent-death signal
-    (SIGTERM) reaches its launcher; the ranks save and every process of the run exits.
-    Without it the launcher, in a session of its own, trains on orphaned.
-    torchrun forwards the SIGTERM: the path of a SIGTERM that reaches the ranks through
-    torchrun alone (no `ftl train` in between), where the ranks' own handlers turn it into
-    the agreed stop and leave RUN_DIR/preempt.requested, so a batch script whose shell saw
-    nothing still finds the request and requeues. The deepspeed launcher's runner dies of
-    it without passing it on: its ranks see that `ftl train` is gone (FTL_SUPERVISOR)."""
-    root, name = runs_root / "signals", f"kill-9-{launcher}"
-    root.mkdir(parents=True, exist_ok=True)
-    log = root / f"{name}.log"
-    overrides = ["strategy=ddp", f"cluster.launcher={launcher}", SLOW]
-    proc = start_in_session(ftl_train_argv(root, name, overrides), log)
-    latest = lambda: (run_dirs(root, name) or [None])[-1]  # noqa: E731
-    tree: list[psutil.Process] = []
-    try:
-        wait_for_step(lambda: latest() and latest() / "metrics.jsonl", 2, proc)
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        assert len(tree) >= 3, tree  # the launcher and its 2 ranks
-        proc.kill()
-        proc.wait(timeout=10)
-        gone, alive = psutil.wait_procs(tree, timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for process in tree:  # re-parented once ftl train is gone: not our children now
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-    assert not alive, f"still running after ftl train died: {alive}"
-    run_dir = latest()
-    preempted = json.loads((run_dir / "preempted").read_text())
-    assert preempted["reason"] == reason, preempted
-    assert 2 <= preempted["step"] < MAX_STEPS, preempted
-    assert is_complete(run_dir / "checkpoints" / f"checkpoint-{preempted['step']}")
-    assert (run_dir / "preempt.requested").exists()
-    assert sorted(train_losses(run_dir)) == list(range(1, preempted["step"] + 1))

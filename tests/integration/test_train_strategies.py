@@ -97,8 +97,8 @@ def case(strategy: str, launcher: str, precision: str, extra: tuple[str, ...] = 
 # zero_to_fp32 and FSDP's sharded checkpoints (on the offload variants: the save path does
 # not touch their training). The deepspeed launcher costs ~6 s more per run than torchrun
 # (its runner imports DeepSpeed before the ranks start): `make test` runs it once here (the
-# zero2 run, also the reference of test_graceful_stop.py's zero2 SIGTERM stop, which
-# launches it twice more) and in test_slurm.py's two-node job.
+# zero2 run, also the reference of test_graceful_stop.py's zero2 stop by a kill -9 of `ftl
+# train`, which launches it twice more) and in test_slurm.py's two-node job.
 CASES = [
     case("ddp", "torchrun", "fp32"),
     # zero1 trains, saves and resumes in test_tensor_parallel.py (zero1 with parallel.tp=2)

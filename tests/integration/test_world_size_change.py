@@ -6,7 +6,7 @@ run.resume=PATH (another run's checkpoint), stops after step 6, and the last lau
 continues on 2 ranks (run.resume=auto). ddp and ZeRO-2 (`make test-full`): 2 -> 1, the 1
 rank finishing the run (CASES says why `make test` leaves them to the chains it runs), and
 their 2 -> 1 -> 2 chains. FSDP: 2 -> 1 with sharded checkpoints, 1 -> 2 with full ones
-(stopped after step 3). The sharded chain's 2-rank link is test_graceful_stop.py's SIGTERM
+(stopped after step 3). The sharded chain's 2-rank link is test_graceful_stop.py's kill -9
 stop under FSDP (sharded checkpoints, 2 ranks, stopped at a random step 2-5): its
 checkpoint continues on 1 rank through run.resume=PATH, as after the reference.
 The zero3 and fsdp chains train the tiny mixture of experts (test_train_strategies.MOE_RUNS;
@@ -57,8 +57,8 @@ REFERENCE = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
 """The layout of the reference run (FAST_TRAIN, 2 ranks), as a chain's first link: its own
 checkpoint-4 (FAST_TRAIN's train.save_steps=4) instead of a launch stopped at step 3."""
 SIGNALLED = ["cluster.gpus_per_node=2", "train.grad_accum=1"]
-"""The layout of test_graceful_stop.py's FSDP SIGTERM stop, as a chain's first link: the
-checkpoint of the step it stopped at (its RUN_DIR/preempted)."""
+"""The layout of test_graceful_stop.py's FSDP stop (a kill -9 of `ftl train`), as a chain's
+first link: the checkpoint of the step it stopped at (its RUN_DIR/preempted)."""
 
 def case_id(strategy: str, launcher: str, extra: tuple[str, ...],
             chain: tuple[list[str], ...]) -> str:
@@ -133,8 +133,7 @@ def test_resume_on_another_world_size_continues_the_same_losses(
         assert (strategy, launcher, extra) == FSDP_SHARDED_CASE[:2] + FSDP_SHARDED_CASE[3:]
         stop = signal_stop(runs_root, *FSDP_SHARDED_CASE)
         first_dir = stop.run_dir
-        stops = (check_stopped_at_a_boundary(stop.run_dir, stop.returncode, stop.at_step,
-                                             stop.log), STOPS[1])
+        stops = (check_stopped_at_a_boundary(stop), STOPS[1])
     else:
         stops = (4, STOPS[1]) if chain[0] is REFERENCE else STOPS
     starts = (0, *stops[: len(chain) - 1])
