@@ -154,11 +154,29 @@ def data_cache(facts: list[dict[str, Any]]) -> Row:
     return Row("data cache", OK, f"{root}: the same directory on every rank; {state}")
 
 
+def optimizer_build(facts: list[dict[str, Any]]) -> Row:
+    """DeepSpeed's FusedAdam, compiled by every rank at the first step: each node's toolkit
+    as the ranks see it (validation/preflight.fused_adam_problems, run on the node)."""
+    seen: dict[str, list[str]] = defaultdict(list)  # a problem -> the nodes with it
+    for f in facts:
+        for problem in f.get("build_problems", []):
+            seen[problem].append(f"node {f['node']} ({f['host']})")
+    if not seen:
+        return Row("optimizer build", OK, "nothing to compile at the first step, or a CUDA "
+                   "toolkit DeepSpeed builds FusedAdam with on every node")
+    split = {problem: problem.partition(" Fix: ") for problem in seen}
+    detail = "; ".join(f"on {', '.join(sorted(set(nodes)))}: {split[problem][0]}"
+                       for problem, nodes in seen.items())
+    fix = split[next(iter(seen))][2]  # the same fix whatever the node lacks
+    return Row("optimizer build", FAIL, detail, fix.rstrip("."))
+
+
 def judge(facts: list[dict[str, Any]], measured: list[dict[str, Any]], exp: Expectation,
           join_s: float) -> list[Row]:
     facts = sorted(facts, key=lambda f: f["rank"])
     return [process_group(facts, exp, join_s), *bandwidth(measured, exp), versions(facts),
-            gpus(facts, exp), output_dir(facts), free_space(facts, exp), data_cache(facts)]
+            gpus(facts, exp), optimizer_build(facts), output_dir(facts),
+            free_space(facts, exp), data_cache(facts)]
 
 
 def passed(rows: list[dict[str, Any]]) -> bool:

@@ -32,6 +32,7 @@ from launcher.estimator.flops import trainable_params
 from launcher.rank.startup import World, join_world, node_name
 from launcher.rank.worker import exit_now, write_error
 from launcher.rundir import DoctorReport, RunDir
+from launcher.validation.preflight import fused_adam_problems
 
 TOKEN_WAIT_S = 3.0
 """A network filesystem may show a new file to the other nodes a moment late."""
@@ -57,6 +58,9 @@ class RankFacts:
     cache_root: str = ""
     cache_shared: bool = False
     data_built: bool = False
+    build_problems: list[str] = field(default_factory=list)
+    """What stops the ranks compiling DeepSpeed's FusedAdam on this node (preflight's
+    check, run where the job runs: `ftl submit` cannot see the compute nodes' toolkit)."""
 
 
 def main() -> int:
@@ -88,6 +92,7 @@ def examine(run_dir: RunDir) -> None:
     gpus = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
     facts = RankFacts(world.rank, world.node, node_name(), local_rank, gpus=gpus,
                       visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      build_problems=fused_adam_problems(cfg, os.environ, torch.version.cuda),
                       **versions())
     shared_dirs(cfg, run_dir, world, facts)
     nodes = cfg.cluster.nodes

@@ -50,8 +50,8 @@ def test_ftl_doctor_on_two_cpu_ranks_measures_gloo_and_passes(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout
     assert "ftl doctor: 2 rank(s) on 1 node(s), backend gloo" in table
-    for check in ("process group", "all-reduce intra-node node 0", "versions", "output dir",
-                  "free space", "data cache"):
+    for check in ("process group", "all-reduce intra-node node 0", "versions",
+                  "optimizer build", "output dir", "free space", "data cache"):
         assert any(line.startswith(check) for line in table.splitlines()), table
     assert "busbw GB/s over 2 ranks: 1 MiB" in table and "256 MiB" in table
     assert "FAIL" not in table and "ftl doctor: every check passed" in table
@@ -67,6 +67,7 @@ def test_ftl_doctor_on_two_cpu_ranks_measures_gloo_and_passes(tmp_path: Path) ->
     assert all(m["busbw_gb_s"] > 0 and m["ranks"] == 2 for m in report["bandwidth"])
     assert [r["rank"] for r in report["ranks"]] == [0, 1]
     assert all(r["output_shared"] and r["cache_shared"] for r in report["ranks"])
+    assert all(r["build_problems"] == [] for r in report["ranks"])  # cpu: nothing to compile
     status = {row["check"]: row["status"] for row in report["rows"]}
     assert status.pop("all-reduce intra-node node 0") == "info"  # no CPU figure to judge by
     assert status.pop("all-reduce inter-node") == "info"  # one node

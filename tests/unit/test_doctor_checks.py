@@ -20,6 +20,7 @@ from launcher.rank.startup import (
     missing_message,
 )
 from launcher.rundir import RunDir, StartupRecord
+from launcher.validation.preflight import fused_adam_problems
 
 EXP = checks.Expectation(backend="cuda:nccl,cpu:gloo", world_size=4, nodes=2, gpus_per_node=2,
                          on_gpu=True, intra_gb_s=230.0, inter_gb_s=20.0, need_bytes=10 * 2**30)
@@ -59,7 +60,7 @@ def test_every_check_passes_on_a_healthy_world() -> None:
     assert {row.status for row in rows.values()} == {checks.OK}, rows
     assert set(rows) == {"process group", "all-reduce intra-node node 0",
                          "all-reduce intra-node node 1", "all-reduce inter-node", "versions",
-                         "gpus", "output dir", "free space", "data cache"}
+                         "gpus", "optimizer build", "output dir", "free space", "data cache"}
     assert checks.passed([row.to_dict() for row in rows.values()])
 
 
@@ -84,6 +85,23 @@ def test_each_failure_names_its_node_or_rank_and_a_fix() -> None:
     table = checks.render({"rows": [row.to_dict() for row in rows.values()], "world_size": 4,
                            "nodes": 2, "backend": EXP.backend, "run_dir": "/shared/run"})
     assert "fix: put run.output_dir" in table and table.endswith("a check FAILED (fix above)")
+
+
+def test_a_node_that_cannot_compile_fused_adam_fails_before_training(
+        tmp_path: Path) -> None:
+    """`ftl submit` cannot see the compute nodes' CUDA toolkit; the doctor step runs
+    preflight's check on each node, and the job ends there instead of at every rank's
+    first step, after the model was built."""
+    cfg = compose_config(["cluster.gpu=a100-80g", "strategy=zero3"])
+    no_toolkit = {"CUDA_HOME": str(tmp_path / "cuda"), "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    (problem,) = fused_adam_problems(cfg, no_toolkit, "12.8")  # as node 1's ranks find it
+    facts = [fact(0), fact(1), fact(2, build_problems=[problem]),
+             fact(3, build_problems=[problem])]
+    row = rows_of(facts, GOOD_BW)["optimizer build"]
+    assert row.status == checks.FAIL
+    assert row.detail.startswith("on node 1 (gpu1): train.optimizer=auto with strategy=zero3")
+    assert f"CUDA_HOME={tmp_path / 'cuda'} holds no bin/nvcc" in row.detail
+    assert "Fix" not in row.detail and row.fix.startswith("train.optimizer=torch")
 
 
 def test_a_missing_rank_fails_the_process_group_and_cpu_bandwidth_is_only_reported() -> None:
