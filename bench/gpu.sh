@@ -59,6 +59,10 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# Every model, tokenizer and task of the check is local, and a lent GPU machine reaches
+# nothing outside: offline, what asks the Hub anyway (bitsandbytes' import fetches a CPU
+# kernel on AVX512-BF16 hosts) fails at once instead of after a network timeout per rank.
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if [ "${1:-}" = --plan ] || [ "${PLAN:-0}" = 1 ]; then
     # The plan installs nothing; with the project's venv it also `ftl plan`s every row here.
     if [ -x "$ROOT/.venv/bin/python" ] && [ "${CHECK:-1}" = 1 ]; then
