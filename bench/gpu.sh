@@ -23,7 +23,8 @@
 #      preset from the device name; FTL_GPU_PRESET=... overrides): ddp, zero2, zero3 and
 #      fsdp in bf16, ddp in fp16 AMP, QLoRA, `ftl eval` of the ddp row's model (one
 #      process, then --shard, or --processes N with GPUS=N), each attention kernel
-#      installed, Liger on, torch.compile on, an MoE under ZeRO-3; per row: passed,
+#      installed, Liger on, torch.compile on, an MoE under ZeRO-3, packing (sdpa, and
+#      FlashAttention-2's varlen kernel where it imports); per row: passed,
 #      tokens/s, TFLOP/s, MFU, the predicted peak (plan.json) against the measured one (the
 #      run's own torch.cuda.max_memory_allocated, per phase), the start-up phases; a failed
 #      row keeps its error's tail and the next runs; a row that no longer fits the budget

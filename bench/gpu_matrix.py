@@ -8,7 +8,8 @@ budget (8 minutes with the installation; bench/gpu.sh installs, then calls this)
     python bench/gpu_matrix.py --dry            # every row on CPU at toy sizes (~3 min)
 
 Every row trains a model built from config on synthetic text rows of exactly
-dataset.max_length=2048 tokens (no hub, no padding, no packing), $STEPS steps of micro batch
+dataset.max_length=2048 tokens (no hub, no padding; the packing rows pack synthetic
+documents of 30-600 words into such rows instead), $STEPS steps of micro batch
 $MICRO, the Trainer's torch AdamW (train.optimizer=torch: nothing for DeepSpeed to compile),
 and records: tokens/s over steps WARM..STEPS (bench.callbacks.StepClock), TFLOP/s and MFU
 (plan.json's FLOPs per token and the preset's dense 16-bit peak), the predicted peak
@@ -93,6 +94,12 @@ def _ddp(*extra: str) -> tuple[str, ...]:
     return ("strategy=ddp", "precision=bf16", *extra)
 
 
+WORK_DIR = "<WORK>"
+"""The scratch folder in a row's overrides (Settings.work; the plan prints it as is)."""
+PACKED = (f"dataset.path={WORK_DIR}/docs.jsonl", "dataset.packing=true")
+"""Short documents (write_doc_rows) packed: the packing rows' data in place of text.jsonl."""
+
+
 # The order is what a short budget keeps: the base row, then issue 33's eval row, then the
 # switches no GPU has run yet; the strategy rows last (ddp/zero2/zero3/fsdp ran on an H200
 # on 2026-11-30: 28-61 s each, their planned seconds below).
@@ -112,6 +119,9 @@ ROWS = (
         ("strategy=zero3", "precision=bf16"), 40, 150, model="moe-0.4b"),
     Row("ddp-fp16", "fp16 AMP (fp32 masters, dynamic loss scale)",
         ("strategy=ddp", "precision=fp16"), 25, 120),
+    Row("packed", "packing: documents of 30-600 words packed into 2048-token rows (TRL's "
+        "best fit), each document attending to itself only (sdpa: transformers' mask from "
+        "position_ids)", _ddp(*PACKED), 30, 120),
     Row("zero3-bf16", "DeepSpeed ZeRO-3", ("strategy=zero3", "precision=bf16"), 45, 120),
     Row("fsdp-bf16", "FSDP", ("strategy=fsdp", "precision=bf16"), 40, 120),
     Row("qlora", "QLoRA: the ddp-bf16 row's model in 4-bit NF4 + LoRA (bitsandbytes)",
@@ -122,6 +132,9 @@ ROWS = (
         _ddp("model.attn_implementation=eager", "train.micro_batch_size=2"), 28, 120),
     Row("attn-fa2", "FlashAttention-2", _ddp("model.attn_implementation=flash_attention_2"),
         25, 120, needs=("flash_attn",)),
+    Row("packed-fa2", "packing on FlashAttention-2's varlen kernel (cu_seqlens from "
+        "position_ids: no mask)", _ddp(*PACKED, "model.attn_implementation=flash_attention_2"),
+        30, 120, needs=("flash_attn",)),
     Row("attn-fa3", "FlashAttention-3 (Hopper)",
         _ddp("model.attn_implementation=flash_attention_3"), 25, 120,
         needs=("flash_attn_interface",)),
@@ -206,6 +219,18 @@ def write_text_rows(path: Path, rows: int) -> None:
             out.write(json.dumps({"text": " ".join(rng.choices(words, k=3000))}) + "\n")
 
 
+def write_doc_rows(path: Path, rows: int, most_words: int = 600) -> None:
+    """Synthetic documents of most_words / 20 to most_words words: several to a packed row
+    (600: about 30-600 tokens against 2048; --dry's 64-token rows get 2-40 words)."""
+    rng = random.Random(1)
+    words = "alpha beta gamma delta epsilon sum of the numbers sort these digits reverse".split()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for _ in range(rows):
+            count = rng.randint(most_words // 20, most_words)
+            out.write(json.dumps({"text": " ".join(rng.choices(words, k=count))}) + "\n")
+
+
 def common_overrides(s: Settings) -> list[str]:
     work = s.work or Path("WORK")  # the plan prints the placeholder
     length, ranks, micro = s.shape()
@@ -225,6 +250,8 @@ def row_argv(row: Row, s: Settings, verb: str, out: Path, base_model: Path | Non
                  "{_target_:bench.callbacks.NoFinalCheckpoint}]")
     overrides = [o.replace(f"<{QLORA_BASE} RUN_DIR>/model", str(base_model))
                  if base_model is not None else o for o in row.overrides]
+    if s.work is not None:
+        overrides = [o.replace(WORK_DIR, str(s.work)) for o in overrides]
     model = (DRY_MODELS if s.dry else MODELS)[row.model]
     return [sys.executable, "-m", "launcher", verb, *model, *common_overrides(s),
             *overrides, f"run.output_dir={out / 'runs'}", callbacks]
@@ -283,6 +310,7 @@ def check_rows(rows: tuple[Row, ...], s: Settings) -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="ftl-gpu-plan.") as tmp:
         s = replace(s, work=Path(tmp))
         write_text_rows(s.work / "text.jsonl", 8)
+        write_doc_rows(s.work / "docs.jsonl", 64)
         for row in rows:
             if row.kind == "eval":
                 verdicts[row.name] = ("nothing to plan: ftl eval of the ddp-bf16 row's model "
@@ -563,6 +591,8 @@ def run(rows: tuple[Row, ...], s: Settings) -> int:
     s.say(f"GPU {found['gpu']} ({found['gib']:.0f} GiB, preset {s.preset}); torch "
           f"{found['torch']} CUDA {found['cuda']}; not importable: {found['missing'] or 'none'}")
     write_text_rows(s.work / "text.jsonl", max(64, s.steps * s.micro))
+    write_doc_rows(s.work / "docs.jsonl", 8 * max(64, s.steps * s.micro * s.gpus),
+                   40 if s.dry else 600)
     notes = install_notes()
     results: dict[str, dict[str, Any]] = {}
     for row in rows:

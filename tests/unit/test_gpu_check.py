@@ -126,7 +126,8 @@ def test_every_row_runs_on_cpu_at_toy_sizes(tmp_path: Path) -> None:
     every other row passes (~2 min; `make test-full`)."""
     rows = dry_run(tmp_path)
     assert {name for name, r in rows.items() if r["status"] == "skipped"} <= {
-        "ddp-fp16", "attn-flex", "attn-fa2", "attn-fa3", "liger"}
+        "ddp-fp16", "attn-flex", "attn-fa2", "attn-fa3", "packed-fa2", "liger"}
     assert rows["eval"]["status"] == "passed" and rows["eval"]["one_samples"] == 200
     assert rows["eval"]["answers_agree"] >= 0.95
-    assert all(rows[n]["tokens_per_s"] > 0 for n in ("ddp-bf16", "qlora", "moe-zero3"))
+    assert all(rows[n]["tokens_per_s"] > 0 for n in ("ddp-bf16", "qlora", "moe-zero3",
+                                                     "packed"))
