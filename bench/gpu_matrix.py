@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -209,26 +210,29 @@ def selected_rows(problems: list[str]) -> tuple[Row, ...]:
     return tuple(row for row in ROWS if not names or row.name in names)
 
 
-def write_text_rows(path: Path, rows: int) -> None:
-    """Synthetic text: every row longer than max_length, so each is exactly 2048 tokens."""
-    rng = random.Random(0)
-    words = "alpha beta gamma delta epsilon sum of the numbers sort these digits reverse".split()
+WORDS = "alpha beta gamma delta epsilon sum of the numbers sort these digits reverse".split()
+
+
+def write_word_rows(path: Path, rows: int, seed: int,
+                    words_in: Callable[[random.Random], int]) -> None:
+    """`rows` JSONL rows {"text": ...} of random WORDS, `words_in(rng)` words each."""
+    rng = random.Random(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
         for _ in range(rows):
-            out.write(json.dumps({"text": " ".join(rng.choices(words, k=3000))}) + "\n")
+            out.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=words_in(rng)))})
+                      + "\n")
+
+
+def write_text_rows(path: Path, rows: int) -> None:
+    """Synthetic text: every row longer than max_length, so each is exactly 2048 tokens."""
+    write_word_rows(path, rows, 0, lambda rng: 3000)
 
 
 def write_doc_rows(path: Path, rows: int, most_words: int = 600) -> None:
     """Synthetic documents of most_words / 20 to most_words words: several to a packed row
     (600: about 30-600 tokens against 2048; --dry's 64-token rows get 2-40 words)."""
-    rng = random.Random(1)
-    words = "alpha beta gamma delta epsilon sum of the numbers sort these digits reverse".split()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as out:
-        for _ in range(rows):
-            count = rng.randint(most_words // 20, most_words)
-            out.write(json.dumps({"text": " ".join(rng.choices(words, k=count))}) + "\n")
+    write_word_rows(path, rows, 1, lambda rng: rng.randint(most_words // 20, most_words))
 
 
 def common_overrides(s: Settings) -> list[str]:
