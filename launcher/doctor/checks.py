@@ -159,7 +159,7 @@ def optimizer_build(facts: list[dict[str, Any]]) -> Row:
     as the ranks see it (validation/preflight.fused_adam_problems, run on the node)."""
     seen: dict[str, list[str]] = defaultdict(list)  # a problem -> the nodes with it
     for f in facts:
-        for problem in f.get("build_problems", []):
+        for problem in f["build_problems"]:
             seen[problem].append(f"node {f['node']} ({f['host']})")
     if not seen:
         return Row("optimizer build", OK, "nothing to compile at the first step, or a CUDA "

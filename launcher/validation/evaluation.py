@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.config.hardware import GPU_PRESETS
+from launcher.config.hardware import GPU_PRESETS, is_gpu_preset
 from launcher.config.schema import EvalConfig, RunConfig
 from launcher.data.eval_tasks import harness_missing, load_tasks
 from launcher.errors import ConfigError, flagged
@@ -55,7 +55,7 @@ def eval_rules(cfg: RunConfig) -> list[str]:
         (ev.shard and on_cpu,
          f"eval.shard=true with cluster.gpu={cluster.gpu}: the harness splits a model over "
          "GPUs only (on CPU it fails at the first batch). Fix: leave eval.shard out."),
-        (n > 1 and preset is not None and not on_cpu and n > cluster.gpus_per_node,
+        (n > 1 and is_gpu_preset(cluster.gpu) and n > cluster.gpus_per_node,
          f"eval.processes={n}: more than the node's cluster.gpus_per_node="
          f"{cluster.gpus_per_node} GPUs. Fix: eval.processes={cluster.gpus_per_node}."),
     ])

@@ -32,7 +32,8 @@ def fact(rank: int, **changes: Any) -> dict[str, Any]:
             "torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.1",
             "gpus": ["NVIDIA A100-SXM4-80GB"] * 2, "visible_devices": None,
             "output_dir": "/shared/run", "output_shared": True, "free_bytes": 100 * 2**30,
-            "cache_root": "/shared/cache", "cache_shared": True, "data_built": True}
+            "cache_root": "/shared/cache", "cache_shared": True, "data_built": True,
+            "build_problems": []}
     return {**base, **changes}
 
 
