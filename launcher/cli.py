@@ -79,7 +79,7 @@ def cmd_ds_config(args: argparse.Namespace) -> int:
       OVERRIDES)
 def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.config.strategies import is_auto
-    from launcher.estimator.auto import chosen_strategy, faster_elsewhere
+    from launcher.estimator.auto import pick, pick_notes
     from launcher.estimator.estimate import estimate
     from launcher.estimator.estimate_table import estimate_json, render_estimate_table
     from launcher.run.launch import check
@@ -94,12 +94,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         prepared = ensure_prepared(cfg, data_dir(cfg), builder="ftl estimate")
         est = estimate(cfg, tokens=int(prepared.tokens * cfg.train.epochs))
     assert est is not None  # validation estimates every config it passes
-    chosen = chosen_strategy(cfg, est)
+    picked = pick(cfg, est) if is_auto(cfg.strategy) else None
+    chosen = picked.cfg.strategy.name if picked else (
+        None if is_auto(cfg.strategy) else cfg.strategy.name)
     if args.json:
-        print(json.dumps(estimate_json(est, chosen), indent=2))
+        checkpointed = picked is not None and picked.checkpointed
+        print(json.dumps(estimate_json(est, chosen, checkpointed), indent=2))
     else:
-        hint = faster_elsewhere(cfg, est, chosen) if chosen and is_auto(cfg.strategy) else None
-        print(render_estimate_table(cfg, est, chosen, hint).rstrip("\n"))
+        notes = pick_notes(cfg, est, picked) if picked else []
+        print(render_estimate_table(cfg, est, chosen, notes).rstrip("\n"))
     return 0
 
 

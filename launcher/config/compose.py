@@ -54,6 +54,8 @@ def compose_config(overrides: list[str]) -> RunConfig:
                    expert_lora_dropout_off(run_config, overrides)):
         if notice:
             print(f"ftl: {notice}", file=sys.stderr)
+    if "train.gradient_checkpointing" in {override_key(o) for o in overrides}:
+        run_config.strategy.auto_checkpointing = False  # strategy=auto keeps what was typed
     return resolve_paths(run_config, Path.cwd())
 
 

@@ -229,6 +229,11 @@ class StrategyConfig:
     backward (less memory); false: keep them until the backward (less communication)."""
     auto_rank: int = -1
     """Place in strategy=auto's ladder, fastest first; -1: never picked by auto."""
+    auto_checkpointing: bool = True
+    """strategy=auto: when no rung fits with everything on the GPUs, try those rungs again
+    with train.gradient_checkpointing=true before any offload rung (recomputing costs about
+    a third more compute; an optimizer step on the host CPU usually far more). false, or a
+    train.gradient_checkpointing you type: auto keeps checkpointing as set."""
 
 
 @dataclass

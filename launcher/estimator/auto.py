@@ -2,13 +2,18 @@
 
 The ladder is the strategy table's `auto_rank` order (docs/design.md, "The strategy
 table"): less sharding means less communication, and offload (PCIe traffic, CPU Adam) is
-slowest, so zero3 comes before zero2_offload. `choose` reads the one Estimate of the plan;
-only `nothing_fits` and `model_parallel_layout` estimate again, for trial configs.
+slowest, so zero3 comes before zero2_offload. Activation checkpointing (about a third more
+compute) comes before offload too: `pick` climbs the rungs that keep everything on the GPUs
+as configured, then with train.gradient_checkpointing=true, then the offload rungs likewise
+(the order of HF's DeepSpeed guide, which turns checkpointing on first). `choose` reads the
+Estimate it is given; `pick` estimates once more for checkpointing, `nothing_fits` and
+`model_parallel_layout` for their trial configs.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from launcher.config.objectives import holds_reference
 from launcher.config.schema import RunConfig
@@ -65,11 +70,12 @@ def model_parallel_layout(cfg: RunConfig) -> tuple[RunConfig, Estimate, list[str
     return None
 
 
-def choose(cfg: RunConfig, est: Estimate) -> tuple[str | None, list[str]]:
-    """(first candidate whose row of `est` = estimate(cfg) fits, or None; one reason line
-    per candidate looked at)."""
+def choose(cfg: RunConfig, est: Estimate,
+           rungs: tuple[str, ...] | None = None) -> tuple[str | None, list[str]]:
+    """(first candidate, or of `rungs`, whose row of `est` = estimate(cfg) fits, or None;
+    one reason line per candidate looked at)."""
     reasons: list[str] = []
-    for name in candidates(cfg):
+    for name in candidates(cfg) if rungs is None else rungs:
         row = est.row(name)
         if row is None:  # a ladder entry the estimate has no row for: cannot judge it
             reasons.append(f"{name}: no estimate (not in the strategy table)")
@@ -104,8 +110,83 @@ def faster_elsewhere(cfg: RunConfig, est: Estimate, chosen: str) -> str | None:
 
 
 def chosen_strategy(cfg: RunConfig, est: Estimate) -> str | None:
-    """The configured strategy, or for `auto` what choose picks (None: nothing fits)."""
-    return choose(cfg, est)[0] if is_auto(cfg.strategy) else cfg.strategy.name
+    """The configured strategy, or for `auto` what pick picks (None: nothing fits)."""
+    if not is_auto(cfg.strategy):
+        return cfg.strategy.name
+    picked = pick(cfg, est)
+    return picked.cfg.strategy.name if picked else None
+
+
+CHECKPOINTING = "train.gradient_checkpointing=true"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """strategy=auto's choice."""
+
+    cfg: RunConfig
+    """The run resolved: the strategy named, checkpointing on where auto turned it on."""
+    searched: RunConfig
+    """The strategy=auto run it was picked on (faster_elsewhere reads it)."""
+    estimate: Estimate
+    """cfg's (the checkpointed run's where auto turned checkpointing on)."""
+    reasons: list[str]
+    """One line per rung looked at, the last the pick's."""
+    checkpointed: bool = False
+    """Whether auto turned train.gradient_checkpointing on to fit."""
+
+
+def pick_notes(cfg: RunConfig, est: Estimate, picked: Pick) -> list[str]:
+    """The lines after strategy=auto's pick (`est` = estimate(cfg)): checkpointing turned
+    on, a faster rung of the other engine."""
+    notes = (checkpointing_note(cfg, est, picked),
+             faster_elsewhere(picked.searched, picked.estimate, picked.cfg.strategy.name))
+    return [note for note in notes if note]
+
+
+def offloads(name: str) -> bool:
+    entry = strategy_table()[name]
+    return entry.offload_optimizer or entry.offload_param
+
+
+def pick(cfg: RunConfig, est: Estimate) -> Pick | None:
+    """The fastest rung that fits (`est` = estimate(cfg)): the rungs that keep everything
+    on the GPUs as configured, then, with checkpointing off and strategy.auto_checkpointing,
+    with train.gradient_checkpointing=true; then the offload rungs in the same two ways.
+    None: nothing fits (the reasons of the configured run: choose(cfg, est))."""
+    ladder = candidates(cfg)
+    trials = [(cfg, est, False)]
+    if cfg.strategy.auto_checkpointing and not cfg.train.gradient_checkpointing:
+        checkpointed = copy.deepcopy(cfg)
+        checkpointed.train.gradient_checkpointing = True
+        trials.append((checkpointed, estimate(checkpointed), True))
+    reasons: list[str] = []
+    for offloaded in (False, True):
+        rungs = tuple(name for name in ladder if offloads(name) == offloaded)
+        for trial, trial_est, turned_on in trials:
+            name, looked = choose(trial, trial_est, rungs)
+            reasons += [f"with {CHECKPOINTING}: {line}" if turned_on else line
+                        for line in looked]
+            if name is not None:
+                return Pick(resolve(trial, name), trial, trial_est, reasons, turned_on)
+    return None
+
+
+def checkpointing_note(cfg: RunConfig, est: Estimate, picked: Pick) -> str | None:
+    """The line for a pick that turned checkpointing on (`est` = estimate(cfg), the
+    strategy=auto run without it); None otherwise."""
+    if not picked.checkpointed:
+        return None
+    name = picked.cfg.strategy.name
+    without, within = est.row(name), picked.estimate.row(name)
+    assert without is not None and within is not None  # pick read both
+    offload = choose(cfg, est, tuple(n for n in candidates(cfg) if offloads(n)))[0]
+    keep = (f"To keep it off: strategy={offload}" if offload else
+            "Without it nothing fits")
+    return (f"auto turns on {CHECKPOINTING}: {name} needs {within.gpu_bytes / GIB:.1f} GiB "
+            f"per GPU with it, {without.gpu_bytes / GIB:.1f} without; recomputing the "
+            "activations costs about a third more compute, an offloaded optimizer step "
+            f"usually far more. {keep}.")
 
 
 def rejection(cfg: RunConfig, row: StrategyEstimate) -> str:

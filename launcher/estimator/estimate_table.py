@@ -16,16 +16,18 @@ from launcher.estimator.flops import expert_gradient_params, lora_coverage, run_
 from launcher.estimator.memory import FIT_FRACTION, GIB, micro_sequences, rank_sequence
 
 
-def estimate_json(est: Estimate, chosen: str | None) -> dict[str, Any]:
+def estimate_json(est: Estimate, chosen: str | None,
+                  checkpointed: bool = False) -> dict[str, Any]:
     """`ftl estimate --json`: the Estimate as plain JSON types, plus the chosen strategy
-    (None: strategy=auto found nothing that fits)."""
-    return {**asdict(est), "chosen": chosen}
+    (None: strategy=auto found nothing that fits) and whether strategy=auto turned
+    train.gradient_checkpointing on for it (the rows are the run's as configured)."""
+    return {**asdict(est), "chosen": chosen, "chosen_with_checkpointing": checkpointed}
 
 
 def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None,
-                          hint: str | None = None) -> str:
+                          notes: list[str] | None = None) -> str:
     """Every strategy's row, the chosen one marked `*`, under a header naming the run;
-    `hint` after the choice (auto.faster_elsewhere)."""
+    `notes` after the choice (auto.pick_notes)."""
     big = max(r.gpu_bytes for r in est.strategies) >= GIB
     unit, size = ("GiB", GIB) if big else ("MiB", 1024**2)
     lines = [*_header(cfg, est), ""]
@@ -50,7 +52,7 @@ def render_estimate_table(cfg: RunConfig, est: Estimate, chosen: str | None,
     if dpo:
         lines += _reference_lines(est)
     lines += [_inference_line(cfg, est), "", _chosen_line(cfg, chosen)]
-    return "\n".join(lines + ([f"  {hint}"] if hint else []))
+    return "\n".join(lines + [f"  {note}" for note in notes or []])
 
 
 def _inference_line(cfg: RunConfig, est: Estimate) -> str:

@@ -17,11 +17,11 @@ from launcher.data.preprocess import data_dir
 from launcher.errors import ConfigError
 from launcher.estimator.auto import (
     choose,
-    faster_elsewhere,
     model_parallel_layout,
     nothing_fits,
+    pick,
+    pick_notes,
     rejection,
-    resolve,
 )
 from launcher.estimator.disk import measured_save_time, save_time_estimate
 from launcher.estimator.estimate import Estimate, estimate
@@ -90,12 +90,13 @@ def _resolve_strategy(checked: Checked) -> list[str]:
     checked.estimate = estimate(cfg)
     if not is_auto(cfg.strategy) or checked.target == "estimate":
         return []
-    name, reasons = choose(cfg, checked.estimate)
-    if name is not None:
-        hint = faster_elsewhere(cfg, checked.estimate, name)
-        checked.cfg = resolve(cfg, name)
-        checked.strategy_reasons = reasons + ([hint] if hint else [])
+    picked = pick(cfg, checked.estimate)
+    if picked is not None:
+        notes = pick_notes(cfg, checked.estimate, picked)
+        checked.cfg, checked.estimate = picked.cfg, picked.estimate
+        checked.strategy_reasons = picked.reasons + notes
         return []
+    reasons = choose(cfg, checked.estimate)[1]
     layout = model_parallel_layout(cfg)
     if layout is None:
         return nothing_fits(cfg, reasons)

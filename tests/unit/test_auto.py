@@ -177,12 +177,17 @@ def test_with_tensor_parallelism_auto_climbs_only_the_rungs_that_split() -> None
     assert [row.strategy for row in estimate(cfg).strategies] == ["zero1", "zero2", "zero3"]
 
 
+LONG = ("model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
+        "precision=bf16", "dataset.max_length=32768", "model.max_position_embeddings=32768",
+        "train.micro_batch_size=1")
+"""32k tokens of llama-7b on 8 A100-80GB: every plain strategy needs ~180 GiB of activations
+per GPU without activation checkpointing."""
+
+
 def test_a_long_sequence_nothing_fits_gets_the_smallest_model_parallel_layout() -> None:
-    """32k tokens of llama-7b on 8 A100-80GB: every plain strategy needs ~180 GiB of
-    activations per GPU; Ulysses over 4 ranks brings zero3 under the limit, sp=2 does not."""
-    cfg = auto_cfg("model=llama-7b", "cluster.gpu=a100-80g", "cluster.gpus_per_node=8",
-                   "precision=bf16", "dataset.max_length=32768",
-                   "model.max_position_embeddings=32768", "train.micro_batch_size=1")
+    """LONG with checkpointing kept off as typed: Ulysses over 4 ranks brings zero3 under
+    the limit, sp=2 does not."""
+    cfg = auto_cfg(*LONG, "train.gradient_checkpointing=false")
     assert choose(cfg, estimate(cfg))[0] is None
     layout = model_parallel_layout(cfg)
     assert layout is not None
@@ -199,3 +204,35 @@ def test_a_long_sequence_nothing_fits_gets_the_smallest_model_parallel_layout() 
     assert packed_layout is not None
     assert (packed_layout[0].parallel.sp, packed_layout[0].parallel.tp) == (1, 8)
     assert "with parallel.tp=8" in packed_layout[2][0]
+
+
+def test_checkpointing_comes_before_offload_and_model_parallelism() -> None:
+    """Mixtral-8x7B on 2 x 8 H100s at 4096 tokens: ZeRO-3 needs 88.8 GiB of 76 usable, 50.5
+    with activation checkpointing, so auto turns it on rather than climb to zero3_offload
+    (whose optimizer step runs on the host's CPUs), and says so with what to type to keep
+    it off; typed, checkpointing stays off. LONG likewise fits zero1 with checkpointing."""
+    base = ["model=mixtral-8x7b", "cluster.gpu=h100-80g", "cluster.gpus_per_node=8",
+            "cluster.nodes=2", "precision=bf16", "dataset.max_length=4096"]
+    checked = validate(auto_cfg(*base), "plan")
+    assert checked.cfg.strategy.name == "zero3" and checked.cfg.train.gradient_checkpointing
+    assert checked.estimate.row("zero3").fits  # the estimate of the run as it will train
+    reasons = checked.strategy_reasons
+    assert reasons[3].startswith("zero3 needs 88.8 GiB")
+    assert reasons[-2] == ("with train.gradient_checkpointing=true: zero3 fits: 50.5 GiB per "
+                           "GPU of 80 on h100-80g")
+    assert reasons[-1].startswith("auto turns on train.gradient_checkpointing=true: zero3 "
+                                  "needs 50.5 GiB per GPU with it, 88.8 without")
+    assert reasons[-1].endswith("To keep it off: strategy=zero3_offload.")
+    typed = validate(auto_cfg(*base, "train.gradient_checkpointing=false"), "plan")
+    assert typed.cfg.strategy.name == "zero3_offload"
+    assert not typed.cfg.train.gradient_checkpointing
+    assert not any("checkpointing" in reason for reason in typed.strategy_reasons)
+    kept = validate(auto_cfg(*base, "strategy.auto_checkpointing=false"), "plan")
+    assert kept.cfg.strategy.name == "zero3_offload"
+    # A run that fits as configured is left alone; so is one that checkpoints already.
+    plain = validate(auto_cfg("model=llama-7b", "precision=bf16", "cluster.gpu=a100-80g",
+                              "cluster.gpus_per_node=8", "dataset.max_length=2048"), "plan")
+    assert plain.cfg.strategy.name == "zero1" and not plain.cfg.train.gradient_checkpointing
+    long = validate(auto_cfg(*LONG), "plan")
+    assert (long.cfg.strategy.name, long.cfg.parallel.sp) == ("zero1", 1)
+    assert long.cfg.train.gradient_checkpointing
