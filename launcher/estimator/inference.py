@@ -20,7 +20,7 @@ from launcher.estimator.memory import (
     FIT_FRACTION,
     FRAMEWORK_BUFFER_BYTES,
     GIB,
-    LOGITS_BYTES_PER_ELEMENT,
+    INFERENCE_LOGITS_BYTES_PER_ELEMENT,
     param_bytes,
 )
 
@@ -44,7 +44,7 @@ def inference_estimate(cfg: RunConfig) -> InferenceEstimate:
     weights = count_params(model) * p
     tokens = cfg.eval.batch_size * cfg.dataset.max_length
     kv = 2 * model.num_layers * kv_width(model) * tokens * p
-    batch = kv + tokens * model.vocab_size * LOGITS_BYTES_PER_ELEMENT[p]
+    batch = kv + tokens * model.vocab_size * INFERENCE_LOGITS_BYTES_PER_ELEMENT[p]
     preset = gpu_preset(cfg.cluster.gpu)
     buffers = CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
     capacity = preset.memory_gib * GIB

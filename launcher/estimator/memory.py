@@ -42,8 +42,13 @@ FIT_FRACTION = 0.95
 DEEPSPEED_BUFFER_FACTOR = 1.5
 """DeepSpeed's `additional_buffer_factor` default for host-memory figures."""
 LOGITS_BYTES_PER_ELEMENT = {2: 10, 4: 8}
-"""Per s*b*V logit element, by working-param bytes: 16-bit logits + fp32 upcast + fp32
-log-softmax (fp32: no upcast)."""
+"""Per s*b*V logit element of a training forward, by working-param bytes: 16-bit logits +
+the loss's fp32 upcast + fp32 log-softmax (fp32: no upcast)."""
+INFERENCE_LOGITS_BYTES_PER_ELEMENT = {2: 4, 4: 8}
+"""Per logit element of the harness's loglikelihood forward (`F.log_softmax(logits)` in the
+logits' own dtype, lm-eval's default softmax_dtype): the logits and their log-softmax, 2 x
+the param bytes; no loss, so no upcast. Measured on CPU with the counting allocator: 4.00
+bytes at bf16, 8.00 at fp32 (2 layers, vocab 32,000, 4 x 512 tokens)."""
 QLORA_BYTES_PER_PARAM = 0.5 + 4 / 64
 """NF4: 4 bits per weight plus one fp32 absmax per 64-weight block (no double quant)."""
 ADAPTER_BYTES_PER_PARAM = 16

@@ -603,8 +603,9 @@ def test_sequence_parallel_splits_the_activations_not_the_sharding() -> None:
 def test_inference_fit_counts_weights_kv_cache_and_logits() -> None:
     """The estimate's inference line (ftl eval/chat, one process): llama-7b in bf16 with a
     batch of 16 x 2048 tokens, by hand: 2 bytes per weight; K and V of 32 layers x 32 heads
-    x 128 dims per token; the harness's loglikelihood logits, 10 bytes per element at 16
-    bits (memory.LOGITS_BYTES_PER_ELEMENT); 1.5 GiB allowance. llama-70b needs --shard
+    x 128 dims per token; the harness's loglikelihood logits and their log-softmax, 4 bytes
+    per element at 16 bits (memory.INFERENCE_LOGITS_BYTES_PER_ELEMENT, measured on CPU);
+    1.5 GiB allowance. llama-70b needs --shard
     over two A100s; with one GPU per node it fits nowhere and says the fix."""
     seven = ["model=llama-7b", "precision=bf16", "cluster.gpu=a100-80g",
              "cluster.gpus_per_node=8", "dataset.max_length=2048", "eval.batch_size=16"]
@@ -613,10 +614,10 @@ def test_inference_fit_counts_weights_kv_cache_and_logits() -> None:
     tokens = 16 * 2048
     inf = est.inference
     assert inf.weight_bytes == 6_738_415_616 * 2
-    assert inf.batch_bytes == 2 * 32 * 32 * 128 * tokens * 2 + tokens * 32000 * 10
+    assert inf.batch_bytes == 2 * 32 * 32 * 128 * tokens * 2 + tokens * 32000 * 4
     assert inf.total_bytes == inf.weight_bytes + inf.batch_bytes + 1.5 * 2**30
     assert inf.fits and inf.shard_devices == 1
-    assert "= 39.82 GiB: fits one a100-80g" in render_estimate_table(cfg, est, None)
+    assert "= 33.96 GiB: fits one a100-80g" in render_estimate_table(cfg, est, None)
     big = compose_config([*seven, "model=llama-70b", "dataset.max_length=512"])
     assert not estimate(big).inference.fits
     assert "ftl eval --shard spreads it over 2 of the node's 8" in table_text(big)
