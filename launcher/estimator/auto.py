@@ -180,13 +180,13 @@ def checkpointing_note(cfg: RunConfig, est: Estimate, picked: Pick) -> str | Non
     name = picked.cfg.strategy.name
     without, within = est.row(name), picked.estimate.row(name)
     assert without is not None and within is not None  # pick read both
+    needs = (f"auto turns on {CHECKPOINTING}: {name} needs {within.gpu_bytes / GIB:.1f} GiB "
+             f"per GPU with it, {without.gpu_bytes / GIB:.1f} without")
     offload = choose(cfg, est, tuple(n for n in candidates(cfg) if offloads(n)))[0]
-    keep = (f"To keep it off: strategy={offload}" if offload else
-            "Without it nothing fits")
-    return (f"auto turns on {CHECKPOINTING}: {name} needs {within.gpu_bytes / GIB:.1f} GiB "
-            f"per GPU with it, {without.gpu_bytes / GIB:.1f} without; recomputing the "
-            "activations costs about a third more compute, an offloaded optimizer step "
-            f"usually far more. {keep}.")
+    if offloads(name) or offload is None:
+        return f"{needs}; nothing fits without it."
+    return (f"{needs}; recomputing the activations costs about a third more compute, an "
+            f"offloaded optimizer step usually far more. To keep it off: strategy={offload}.")
 
 
 def rejection(cfg: RunConfig, row: StrategyEstimate) -> str:

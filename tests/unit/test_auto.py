@@ -236,3 +236,8 @@ def test_checkpointing_comes_before_offload_and_model_parallelism() -> None:
     long = validate(auto_cfg(*LONG), "plan")
     assert (long.cfg.strategy.name, long.cfg.parallel.sp) == ("zero1", 1)
     assert long.cfg.train.gradient_checkpointing
+    # llama-70b on 8 A100-40GB: no rung fits without checkpointing, offloaded or not.
+    offloaded = validate(auto_cfg("model=llama-70b", "precision=bf16", "cluster.gpu=a100-40g",
+                                  "cluster.gpus_per_node=8", "dataset.max_length=2048"), "plan")
+    assert offloaded.cfg.strategy.name == "zero3_offload"
+    assert offloaded.strategy_reasons[-1].endswith("without; nothing fits without it.")
