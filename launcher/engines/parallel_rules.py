@@ -1,5 +1,6 @@
 """Rules for the model-parallel axes (parallel.tp, parallel.sp): the layout on its own
-(config_problems) and what the chosen strategy's engine supports (strategy_problems)."""
+(config_problems) and what the chosen strategy's engine supports (strategy_problems), a
+4-bit base among them; strategy=auto climbs only the rungs that support the run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ def model_parallel_problems(cfg: RunConfig) -> list[str]:
             f"parallel.tp={tp} with parallel.sp={sp}: AutoTP and Ulysses are not combined "
             "here (not measured on the pinned stack). Fix: parallel.tp=1 or parallel.sp=1.")
     return problems + _tensor_parallel(cfg) + _sequence_parallel(cfg)
+
+
+def engine_support_problems(cfg: RunConfig) -> list[str]:
+    """What cfg.strategy's engine does not support of cfg: the model-parallel axes, a
+    4-bit base."""
+    return parallel_engine_problems(cfg) + quantized_base_problems(cfg)
+
+
+def quantized_base_problems(cfg: RunConfig) -> list[str]:
+    if cfg.peft.name != "qlora" or engine_of(cfg.strategy).memory_stage(cfg.strategy) != 3:
+        return []
+    return [f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
+            "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in "
+            "4-bit)."]
 
 
 def parallel_engine_problems(cfg: RunConfig) -> list[str]:

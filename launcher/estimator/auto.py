@@ -24,7 +24,7 @@ from launcher.config.strategies import (
     with_user_settings,
 )
 from launcher.engines import in_auto_ladder
-from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
+from launcher.engines.parallel_rules import engine_support_problems, model_parallel_problems
 from launcher.estimator.estimate import Estimate, StrategyEstimate, estimate
 from launcher.estimator.memory import FIT_FRACTION, GIB
 
@@ -41,12 +41,10 @@ def auto_ladder(sharding_backend: str) -> tuple[str, ...]:
 
 
 def candidates(cfg: RunConfig) -> tuple[str, ...]:
-    """The ladder auto climbs for cfg, fastest first (with parallel.tp or parallel.sp > 1:
-    the rungs whose engine supports them)."""
+    """The ladder auto climbs for cfg, fastest first: the rungs whose engine supports the
+    run (parallel.tp or parallel.sp > 1, a 4-bit base)."""
     ladder = auto_ladder(cfg.strategy.backend)
-    if (cfg.parallel.tp, cfg.parallel.sp) == (1, 1):
-        return ladder
-    return tuple(name for name in ladder if not parallel_engine_problems(resolve(cfg, name)))
+    return tuple(name for name in ladder if not engine_support_problems(resolve(cfg, name)))
 
 
 def model_parallel_layout(cfg: RunConfig) -> tuple[RunConfig, Estimate, list[str]] | None:
@@ -100,7 +98,7 @@ def faster_elsewhere(cfg: RunConfig, est: Estimate, chosen: str) -> str | None:
         if not 0 <= other.auto_rank < table[chosen].auto_rank or other.name in climbed:
             continue
         row = est.row(other.name)
-        if row is None or not row.fits or parallel_engine_problems(resolve(cfg, other.name)):
+        if row is None or not row.fits or engine_support_problems(resolve(cfg, other.name)):
             continue
         return (f"{other.name} also fits and is faster than {chosen} "
                 f"({row.gpu_bytes / GIB:.1f} GiB per GPU); auto climbs {table[chosen].backend}'s "
@@ -220,6 +218,8 @@ def nothing_fits(cfg: RunConfig, reasons: list[str]) -> list[str]:
     if cfg.peft.name == "none":
         fixes.append(_tried(cfg, {"peft.name": "lora", "peft.bits": 16}))
         fixes.append(_tried(cfg, {"peft.name": "qlora", "peft.bits": 4}))
+    elif cfg.peft.name == "qlora":  # a 16-bit base shards under ZeRO-3 and FSDP
+        fixes.append(_tried(cfg, {"peft.name": "lora", "peft.bits": 16}))
     fixes.append(_tried(cfg, {"cluster.nodes": cfg.cluster.nodes * 2}))
     fixes.append(_tried(cfg, {"dataset.max_length": cfg.dataset.max_length // 2}))
     if not cfg.train.gradient_checkpointing:

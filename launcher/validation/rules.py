@@ -19,7 +19,7 @@ from launcher.data.formats import FIELDS, FORMATS, PREFERENCE, unknown_renames
 from launcher.data.mixture import EXHAUSTED
 from launcher.engines import backend_problems, engine_of
 from launcher.engines.deepspeed.ds_config import OPTIMIZERS, PRECISIONS
-from launcher.engines.parallel_rules import model_parallel_problems, parallel_engine_problems
+from launcher.engines.parallel_rules import engine_support_problems, model_parallel_problems
 from launcher.errors import flagged
 from launcher.schedulers.base import DEFAULT_SCHEDULER, SCHEDULERS
 from launcher.validation.evaluation import eval_rules
@@ -179,7 +179,7 @@ def _strategy(cfg: RunConfig) -> list[str]:
             f"{engine.name} engine is started by {' or '.join(engine.launchers)} only. "
             f"Fix: cluster.launcher={engine.launchers[0]}."
         )
-    return problems + parallel_engine_problems(cfg)
+    return problems + engine_support_problems(cfg)
 
 
 def _batch(cfg: RunConfig) -> list[str]:
@@ -235,9 +235,6 @@ def _peft(cfg: RunConfig) -> list[str]:
         (qlora and not cfg.model.path,
          f"peft=qlora with model={cfg.model.name}: 4-bit loading quantizes existing weights, "
          "and model.path is empty. Fix: set model.path to a saved model, or use peft=lora."),
-        (qlora and engine_of(cfg.strategy).memory_stage(cfg.strategy) == 3,
-         f"peft=qlora with strategy={cfg.strategy.name}: quantized base weights are not "
-         "sharded here. Fix: strategy=ddp, zero1 or zero2 (the base model is small in 4-bit)."),
     ]) + _qlora_on_cpu(cfg) + _qlora_installed(cfg)
 
 

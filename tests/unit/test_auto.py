@@ -241,3 +241,22 @@ def test_checkpointing_comes_before_offload_and_model_parallelism() -> None:
                                   "cluster.gpus_per_node=8", "dataset.max_length=2048"), "plan")
     assert offloaded.cfg.strategy.name == "zero3_offload"
     assert offloaded.strategy_reasons[-1].endswith("without; nothing fits without it.")
+
+
+def test_a_4bit_base_climbs_only_the_rungs_that_take_it() -> None:
+    """peft=qlora: no ZeRO-3 or FSDP rung (its base is not sharded here), so auto never
+    picks a strategy validation then refuses. Mixtral-8x7B's experts stay unquantized (3-D
+    weights), so on 8 H100s nothing takes it, and the fixes name LoRA on ZeRO-3; a dense
+    70B in 4-bit fits one H100 with checkpointing."""
+    base = ["model=mixtral-8x7b", "cluster.gpu=h100-80g", "cluster.gpus_per_node=8",
+            "precision=bf16", "dataset.max_length=2048", "peft=qlora", "model.path=/m"]
+    cfg = auto_cfg(*base)
+    assert candidates(cfg) == ("ddp", "zero1", "zero2", "zero2_offload")
+    with pytest.raises(ConfigError) as refused:
+        validate(cfg, "plan")
+    text = str(refused.value)
+    assert "zero3" not in text.split("Fix:")[0] and "peft=lora (fits with zero3)" in text
+    dense = validate(auto_cfg("model=llama-3.1-70b", "cluster.gpu=h100-80g",
+                              "cluster.gpus_per_node=1", "precision=bf16", "peft=qlora",
+                              "model.path=/m", "dataset.max_length=2048"), "plan")
+    assert dense.cfg.strategy.name == "ddp" and dense.cfg.train.gradient_checkpointing
