@@ -170,6 +170,17 @@ def pick(cfg: RunConfig, est: Estimate) -> Pick | None:
     return None
 
 
+def choice_line(resolved: RunConfig, checkpointed: bool) -> str:
+    """strategy=auto's pick as `ftl train` and `ftl submit` print it: the strategy and what
+    auto set with it; the reasons are in the plan."""
+    settings = [f"parallel.{axis}={size}" for axis, size in
+                (("sp", resolved.parallel.sp), ("tp", resolved.parallel.tp)) if size > 1]
+    settings += [CHECKPOINTING] if checkpointed else []
+    return (f"strategy=auto picked {resolved.strategy.name}"
+            + (f" with {', '.join(settings)}" if settings else "")
+            + " (why: `ftl plan` with the same overrides, or RUN_DIR/plan.json)")
+
+
 def checkpointing_note(cfg: RunConfig, est: Estimate, picked: Pick) -> str | None:
     """The line for a pick that turned checkpointing on (`est` = estimate(cfg), the
     strategy=auto run without it); None otherwise."""

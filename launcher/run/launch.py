@@ -84,6 +84,8 @@ def build_run(checked: Checked, overrides: list[str]) -> BuiltRun:
             cfg, run_dir, launch, tool.parent if tool.is_absolute() else None
         )
         executable.append(script)
+    if checked.strategy_choice and checked.target != "plan":  # `ftl plan` prints the why
+        print(f"ftl: {checked.strategy_choice}", file=sys.stderr)
     if plan.resume_from is not None:
         print(f"ftl: run.resume={cfg.run.resume} continues from {plan.resume_from}",
               file=sys.stderr)

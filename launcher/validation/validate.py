@@ -16,6 +16,7 @@ from launcher.config.strategies import is_auto
 from launcher.data.preprocess import data_dir
 from launcher.errors import ConfigError
 from launcher.estimator.auto import (
+    choice_line,
     choose,
     model_parallel_layout,
     nothing_fits,
@@ -43,6 +44,8 @@ class Checked:
     target: Target
     estimate: Estimate | None = None
     strategy_reasons: list[str] = field(default_factory=list)
+    strategy_choice: str = ""
+    """strategy=auto's pick in one line (what it turned on with it); empty: named."""
     resume_from: Path | None = None
     data_dir: Path | None = None
     """Where the tokenized data is (or will be) cached; train, submit and preprocess."""
@@ -95,6 +98,7 @@ def _resolve_strategy(checked: Checked) -> list[str]:
         notes = pick_notes(cfg, checked.estimate, picked)
         checked.cfg, checked.estimate = picked.cfg, picked.estimate
         checked.strategy_reasons = picked.reasons + notes
+        checked.strategy_choice = choice_line(picked.cfg, picked.checkpointed)
         return []
     reasons = choose(cfg, checked.estimate)[1]
     layout = model_parallel_layout(cfg)
@@ -102,6 +106,7 @@ def _resolve_strategy(checked: Checked) -> list[str]:
         return nothing_fits(cfg, reasons)
     checked.cfg, checked.estimate, chosen = layout
     checked.strategy_reasons = reasons + chosen
+    checked.strategy_choice = choice_line(checked.cfg, False)
     return []
 
 

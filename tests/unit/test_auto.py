@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from launcher.config.compose import compose_config
+from launcher.config.compose import compose_config, load_run_config
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import CHOSEN_FIELDS, strategy_table
 from launcher.errors import ConfigError
@@ -19,6 +21,8 @@ from launcher.estimator.auto import (
     resolve,
 )
 from launcher.estimator.estimate import estimate
+from launcher.run.submit import submit
+from launcher.rundir import CONFIG
 from launcher.validation.validate import validate
 
 OFFLOAD = {"zero2_offload", "zero3_offload", "fsdp_offload"}
@@ -206,7 +210,8 @@ def test_a_long_sequence_nothing_fits_gets_the_smallest_model_parallel_layout() 
     assert "with parallel.tp=8" in packed_layout[2][0]
 
 
-def test_checkpointing_comes_before_offload_and_model_parallelism() -> None:
+def test_checkpointing_comes_before_offload_and_model_parallelism(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Mixtral-8x7B on 2 x 8 H100s at 4096 tokens: ZeRO-3 needs 88.8 GiB of 76 usable, 50.5
     with activation checkpointing, so auto turns it on rather than climb to zero3_offload
     (whose optimizer step runs on the host's CPUs), and says so with what to type to keep
@@ -223,6 +228,13 @@ def test_checkpointing_comes_before_offload_and_model_parallelism() -> None:
     assert reasons[-1].startswith("auto turns on train.gradient_checkpointing=true: zero3 "
                                   "needs 50.5 GiB per GPU with it, 88.8 without")
     assert reasons[-1].endswith("To keep it off: strategy=zero3_offload.")
+    # The job gets it (the run dir's config), and ftl submit says so in one line.
+    assert submit(["cluster=slurm", "strategy=auto", *base, f"run.output_dir={tmp_path}"],
+                  dry_run=True) == 0
+    assert ("ftl: strategy=auto picked zero3 with train.gradient_checkpointing=true (why: "
+            in capsys.readouterr().err)
+    (run_dir,) = tmp_path.glob("*/*")
+    assert load_run_config(run_dir / CONFIG).train.gradient_checkpointing
     typed = validate(auto_cfg(*base, "train.gradient_checkpointing=false"), "plan")
     assert typed.cfg.strategy.name == "zero3_offload"
     assert not typed.cfg.train.gradient_checkpointing
