@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from launcher.cli import main
 from launcher.config.compose import compose_config, load_run_config
 from launcher.config.schema import RunConfig
 from launcher.config.strategies import CHOSEN_FIELDS, strategy_table
@@ -228,6 +230,13 @@ def test_checkpointing_comes_before_offload_and_model_parallelism(
     assert reasons[-1].startswith("auto turns on train.gradient_checkpointing=true: zero3 "
                                   "needs 50.5 GiB per GPU with it, 88.8 without")
     assert reasons[-1].endswith("To keep it off: strategy=zero3_offload.")
+    # ftl estimate marks the pick and says what it turns on (the rows: as configured).
+    assert main(["estimate", "--json", "strategy=auto", *base]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chosen"] == "zero3" and data["chosen_with_checkpointing"]
+    assert main(["estimate", "strategy=auto", *base]) == 0
+    table = capsys.readouterr().out
+    assert "* strategy=auto picks zero3" in table and reasons[-1] in table
     # The job gets it (the run dir's config), and ftl submit says so in one line.
     assert submit(["cluster=slurm", "strategy=auto", *base, f"run.output_dir={tmp_path}"],
                   dry_run=True) == 0
