@@ -88,22 +88,27 @@ def choose(cfg: RunConfig, est: Estimate,
     return None, reasons
 
 
-def faster_elsewhere(cfg: RunConfig, est: Estimate, chosen: str) -> str | None:
+def faster_elsewhere(cfg: RunConfig, est: Estimate, chosen: str,
+                     checkpointed: bool = False) -> str | None:
     """A line for strategy=auto's pick when a rung of the sharding engine auto did not climb
     ranks above it and fits (say zero3_offload picked, fsdp fitting without offload); None
-    otherwise. The user's choice of engine stands: the line only says what to type."""
+    otherwise. `checkpointed`: auto turned checkpointing on for `chosen`, and `est` is the
+    run's without it, where a rung of the same rank that fits is faster too. The user's
+    choice of engine stands: the line only says what to type."""
     table = concrete_strategies()
     climbed = set(candidates(cfg))
     for other in sorted(table.values(), key=lambda s: (s.auto_rank, s.name)):
-        if not 0 <= other.auto_rank < table[chosen].auto_rank or other.name in climbed:
+        rank, top = other.auto_rank, table[chosen].auto_rank
+        if not 0 <= rank <= top or (rank == top and not checkpointed) or other.name in climbed:
             continue
         row = est.row(other.name)
         if row is None or not row.fits or engine_support_problems(resolve(cfg, other.name)):
             continue
-        return (f"{other.name} also fits and is faster than {chosen} "
-                f"({row.gpu_bytes / GIB:.1f} GiB per GPU); auto climbs {table[chosen].backend}'s "
-                f"rungs unless strategy.backend={other.backend}. To use it: "
-                f"strategy={other.name}")
+        size = f"{row.gpu_bytes / GIB:.1f} GiB per GPU"
+        fits = (f"fits without checkpointing ({size}), faster than {chosen} with it"
+                if checkpointed else f"also fits and is faster than {chosen} ({size})")
+        return (f"{other.name} {fits}; auto climbs {table[chosen].backend}'s rungs unless "
+                f"strategy.backend={other.backend}. To use it: strategy={other.name}")
     return None
 
 
@@ -137,9 +142,11 @@ class Pick:
 def pick_notes(cfg: RunConfig, est: Estimate, picked: Pick) -> list[str]:
     """The lines after strategy=auto's pick (`est` = estimate(cfg)): checkpointing turned
     on, a faster rung of the other engine."""
-    notes = (checkpointing_note(cfg, est, picked),
-             faster_elsewhere(picked.searched, picked.estimate, picked.cfg.strategy.name))
-    return [note for note in notes if note]
+    name = picked.cfg.strategy.name
+    # checkpointed: a rung of the other engine that fits without it says more
+    elsewhere = ((picked.checkpointed and faster_elsewhere(cfg, est, name, checkpointed=True))
+                 or faster_elsewhere(picked.searched, picked.estimate, name))
+    return [note for note in (checkpointing_note(cfg, est, picked), elsewhere) if note]
 
 
 def offloads(name: str) -> bool:

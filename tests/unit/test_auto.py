@@ -250,6 +250,14 @@ def test_checkpointing_comes_before_offload_and_model_parallelism(
     assert not any("checkpointing" in reason for reason in typed.strategy_reasons)
     kept = validate(auto_cfg(*base, "strategy.auto_checkpointing=false"), "plan")
     assert kept.cfg.strategy.name == "zero3_offload"
+    # A rung of the other engine that fits without checkpointing is named: Qwen3-30B-A3B
+    # at 2048 tokens on 8 H100s, ZeRO-3 79.2 GiB (63.9 with checkpointing), FSDP 65.4.
+    qwen = validate(auto_cfg("model=qwen3-30b-a3b", "cluster.gpu=h100-80g",
+                             "cluster.gpus_per_node=8", "precision=bf16",
+                             "dataset.max_length=2048"), "plan")
+    assert qwen.cfg.strategy.name == "zero3" and qwen.cfg.train.gradient_checkpointing
+    assert qwen.strategy_reasons[-1].startswith(
+        "fsdp fits without checkpointing (65.4 GiB per GPU), faster than zero3 with it;")
     # A run that fits as configured is left alone; so is one that checkpoints already.
     plain = validate(auto_cfg("model=llama-7b", "precision=bf16", "cluster.gpu=a100-80g",
                               "cluster.gpus_per_node=8", "dataset.max_length=2048"), "plan")
