@@ -181,3 +181,29 @@ def test_cpu_ranks_count_nothing_unless_asked(monkeypatch: pytest.MonkeyPatch) -
     summary = memtrace.PHASES.summary()
     assert summary["peak_bytes"] is None and summary["rss_peak_bytes"] > 0
     assert "train.cpu_live_bytes=true" in summary["problem"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_harness_loglikelihood_holds_what_the_inference_line_counts(
+        tracker: CpuTracker, dtype: torch.dtype) -> None:
+    """lm-eval's loglikelihood forward, `F.log_softmax(model(batch).logits)` in the logits'
+    dtype: INFERENCE_LOGITS_BYTES_PER_ELEMENT per logit (the logits and their log-softmax),
+    a vocabulary large enough that the model's K/V and activations add under 1 %
+    (docs/evidence/memory.md section 14)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from launcher.estimator.memory import INFERENCE_LOGITS_BYTES_PER_ELEMENT
+
+    vocab, shape = 32000, (2, 256)
+    model = LlamaForCausalLM(LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=vocab)).to(dtype).eval()
+    batch = torch.randint(0, vocab, shape)
+    with torch.no_grad():
+        before = tracker.allocated()
+        tracker.reset_peak()
+        scores = torch.nn.functional.log_softmax(model(batch).logits, dim=-1)
+        per_element = (tracker.peak() - before) / (shape[0] * shape[1] * vocab)
+    assert scores.dtype == dtype
+    p = 2 if dtype == torch.bfloat16 else 4
+    assert per_element == pytest.approx(INFERENCE_LOGITS_BYTES_PER_ELEMENT[p], rel=0.01)
