@@ -84,7 +84,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from launcher.estimator.estimate_table import estimate_json, render_estimate_table
     from launcher.run.launch import check
 
-    checked = check(args.overrides, "estimate")
+    checked = check(args.overrides, "estimate", counts_tokens=args.count_tokens)
     cfg, est = checked.cfg, checked.estimate
     # the run's tokens unless train.max_steps sets the step count; tokenized and cached
     # now if not yet (this loads transformers, so only on request)

@@ -46,9 +46,11 @@ class BuiltRun:
     executable: tuple[str, ...]
 
 
-def check(overrides: list[str], target: Target, *, dry_run: bool = False) -> Checked:
+def check(overrides: list[str], target: Target, *, dry_run: bool = False,
+          counts_tokens: bool = False) -> Checked:
     """Compose and validate (every problem in one ConfigError); writes nothing."""
-    checked = validate(compose_config(overrides), target, dry_run=dry_run)
+    checked = validate(compose_config(overrides), target, dry_run=dry_run,
+                       counts_tokens=counts_tokens)
     for warning in checked.warnings:
         print(f"ftl: warning: {warning}", file=sys.stderr, flush=True)
     timing.mark("validated")

@@ -212,9 +212,14 @@ DATA_SOURCES = ("dataset.path", "dataset.eval_path", "model.tokenizer")
 """What preprocessing reads (model.path only as the tokenizer when model.tokenizer is empty)."""
 
 
-def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES) -> list[str]:
+ELSEWHERE = "`ftl submit` where the hub is reachable; `ftl plan` shows the plan without running it"
+"""missing_sources' other fix, for a verb that launches."""
+
+
+def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES,
+                    elsewhere: str = ELSEWHERE) -> list[str]:
     """Paths that are not on this machine while the hub is unreachable (a hub dataset is
-    hub_problems' to resolve from the cache)."""
+    hub_problems' to resolve from the cache); `elsewhere`: the fix besides a local copy."""
     if "model.tokenizer" in keys and not cfg.model.tokenizer:
         keys = (*keys, "model.path")
     named = [(key, attrgetter(key)(cfg)) for key in dict.fromkeys(keys)]
@@ -229,8 +234,7 @@ def missing_sources(cfg: RunConfig, keys: tuple[str, ...] = SOURCES) -> list[str
         return []
     return [
         f"{key}={value}: not found on this machine, and the HF hub is unreachable from here. "
-        f"Fix: download it and set {key}=/local/path, or `ftl submit` where the hub is "
-        "reachable; `ftl plan` shows the plan without running it."
+        f"Fix: download it and set {key}=/local/path, or {elsewhere}."
         for key, value in remote
     ]
 

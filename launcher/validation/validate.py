@@ -56,10 +56,12 @@ class Checked:
     launcher must be told (launchers/command.py)."""
 
 
-def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checked:
+def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False,
+             counts_tokens: bool = False) -> Checked:
     """Raise one ConfigError listing every problem; else what the planner needs. dry_run
     (`ftl submit --dry-run`): the output dir's checks, of this machine only, are warnings.
-    preprocess checks only what preprocessing reads (rules.data_problems)."""
+    preprocess checks only what preprocessing reads (rules.data_problems); counts_tokens
+    (`ftl estimate --count-tokens`, which tokenizes) adds its sources' checks."""
     checked = Checked(cfg=cfg, target=target)
     if target == "preprocess":
         problems = data_problems(cfg)
@@ -77,7 +79,12 @@ def validate(cfg: RunConfig, target: Target, *, dry_run: bool = False) -> Checke
     if target in ("train", "submit") and checked.cfg.eval.tasks and not problems:
         # after every other rule: loading the tasks reads their data (seconds)
         problems += eval_task_problems(checked.cfg.eval, "eval.tasks")
-    if target in ("train", "submit", "preprocess") and not problems:
+    if counts_tokens and not problems:  # the tokenizer and data, before a hub call hangs
+        problems += preflight.missing_sources(
+            cfg, preflight.DATA_SOURCES, "set dataset.num_tokens (tokens per epoch) or "
+            "train.max_steps instead of --count-tokens")
+        problems += [] if problems else preflight.unreadable_data(cfg)
+    if (target in ("train", "submit", "preprocess") or counts_tokens) and not problems:
         # hub datasets pinned to a commit (the hub or its cache), before the data key
         problems += preflight.hub_problems(checked.cfg)
     if problems:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher.config.compose import compose_config
 
 HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "datasets", "peft")
@@ -122,3 +124,22 @@ def test_quantize_validates_its_overrides_with_the_request(tmp_path: Path) -> No
     for shown in ("no config.json", "dataset.max_length=-1", "dataset.format=bogus"):
         assert shown in done.stderr, shown
     assert not out.exists()
+
+
+def test_a_hub_model_offline_is_refused_before_anything_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """model=llama-3.1-8b (a hub id) with the hub unreachable: `ftl estimate --count-tokens`
+    (which tokenizes) and `ftl train` end in validation with the fix each can use, not in
+    transformers' OSError after its retries."""
+    from launcher.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = "model.path=meta-llama/Llama-3.1-8B: not found on this machine"
+    assert main(["estimate", "--count-tokens", "model=llama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert missing in err and "train.max_steps instead of --count-tokens" in err, err
+    assert main(["train", "model=llama-3.1-8b", f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert missing in err and "`ftl submit` where the hub is reachable" in err, err
+    assert not any(tmp_path.iterdir())
