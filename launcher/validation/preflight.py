@@ -59,7 +59,19 @@ def local_launch_problems(cfg: RunConfig) -> list[str]:
             f"cluster.gpu=cpu to train here, or `ftl submit cluster={DEFAULT_SCHEDULER} ...` on a "
             "GPU cluster."
         )
-    return problems + missing_sources(cfg) + unreadable_data(cfg)
+    return problems + missing_sources(cfg) + model_dir_problems(cfg) + unreadable_data(cfg)
+
+
+def model_dir_problems(cfg: RunConfig) -> list[str]:
+    """A local model.path every rank would fail to load: no config.json in it (a hub id, or
+    a path not here, is missing_sources' to report)."""
+    path = Path(cfg.model.path) if cfg.model.path else None
+    if path is None or not path.exists() or (path / "config.json").is_file():
+        return []
+    return [f"model.path={cfg.model.path}: no config.json in it, so no model loads from it. "
+            "Fix: the directory save_pretrained wrote (a run's model/ dir, a downloaded "
+            "checkpoint), or a checkpoint saved with whole weights "
+            "(strategy.gather_weights_on_save=true)."]
 
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

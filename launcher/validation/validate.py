@@ -127,7 +127,8 @@ def _launch_problems(checked: Checked, dry_run: bool) -> list[str]:
             cfg, os.environ, preflight.torch_cuda_version())
     else:
         # The job reads the same files: a bad row is better found on the login node.
-        problems = _scheduler_problems(cfg) + preflight.unreadable_data(cfg)
+        problems = (_scheduler_problems(cfg) + preflight.model_dir_problems(cfg)
+                    + preflight.unreadable_data(cfg))
     # this machine's, not the job's: warnings for a dry run; too little space is a risk
     # the user may take (run.force)
     here, space = preflight.output_checks(cfg, checked.estimate)

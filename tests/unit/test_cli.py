@@ -143,3 +143,21 @@ def test_a_hub_model_offline_is_refused_before_anything_loads(
     err = capsys.readouterr().err
     assert missing in err and "`ftl submit` where the hub is reachable" in err, err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_directory_that_holds_no_model_or_tokenizer_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A weights-only or wrong directory: `ftl train` refuses model.path without config.json
+    before any rank starts (each would fail to load it), and a tokenizer transformers cannot
+    load is a ConfigError naming its key, not transformers' traceback."""
+    from launcher.cli import main
+
+    empty = tmp_path / "checkpoint"
+    empty.mkdir()
+    assert main(["train", f"model.path={empty}", f"run.output_dir={tmp_path / 'runs'}"]) == 2
+    assert f"model.path={empty}: no config.json in it" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert main(["estimate", "--count-tokens", f"model.tokenizer={empty}",
+                 f"dataset.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.tokenizer={empty}: transformers loads no tokenizer from it" in err, err
