@@ -258,10 +258,13 @@ def _tried(cfg: RunConfig, change: dict[str, object]) -> str:
     for path, value in change.items():
         section, key = path.split(".")
         setattr(getattr(trial, section), key, value)
-    fit, _ = choose(trial, estimate(trial))
+    picked = pick(trial, estimate(trial))  # as auto would climb after the change
     text = " ".join(f"{path.removesuffix('.name')}={str(value).lower()}"  # YAML's true
                     for path, value in change.items() if path != "peft.bits")
-    return f"{text} (fits with {fit})" if fit else f"{text} (not enough alone)"
+    if picked is None:
+        return f"{text} (not enough alone)"
+    how = f" and {CHECKPOINTING}" if picked.checkpointed else ""
+    return f"{text} (fits with {picked.cfg.strategy.name}{how})"
 
 
 def resolve(cfg: RunConfig, name: str) -> RunConfig:

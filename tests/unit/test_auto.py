@@ -258,6 +258,12 @@ def test_checkpointing_comes_before_offload_and_model_parallelism(
     assert qwen.cfg.strategy.name == "zero3" and qwen.cfg.train.gradient_checkpointing
     assert qwen.strategy_reasons[-1].startswith(
         "fsdp fits without checkpointing (65.4 GiB per GPU), faster than zero3 with it;")
+    # A refusal's fixes are tried as auto would climb after them: checkpointing included.
+    with pytest.raises(ConfigError, match=r"cluster\.nodes=2 \(fits with zero3 and "
+                       r"train\.gradient_checkpointing=true\)"):
+        validate(auto_cfg("model=mixtral-8x7b", "cluster.gpu=a100-80g", "precision=bf16",
+                          "cluster.gpus_per_node=8", "cluster.host_memory_gib=256",
+                          "dataset.max_length=4096"), "plan")
     # A run that fits as configured is left alone; so is one that checkpoints already.
     plain = validate(auto_cfg("model=llama-7b", "precision=bf16", "cluster.gpu=a100-80g",
                               "cluster.gpus_per_node=8", "dataset.max_length=2048"), "plan")
