@@ -224,7 +224,8 @@ DATA_SOURCES = ("dataset.path", "dataset.eval_path", "model.tokenizer")
 """What preprocessing reads (model.path only as the tokenizer when model.tokenizer is empty)."""
 
 
-ELSEWHERE = "`ftl submit` where the hub is reachable; `ftl plan` shows the plan without running it"
+ELSEWHERE = ("`ftl submit` where the hub is reachable; `ftl plan` shows the plan without "
+             "running it")
 """missing_sources' other fix, for a verb that launches."""
 
 
