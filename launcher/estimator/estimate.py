@@ -31,7 +31,8 @@ from launcher.estimator.peak import predict_peak
 class StrategyEstimate:
     strategy: str
     model_state_gpu_bytes: float
-    """Model states as the optimizer step starts (launcher/estimator/memory.py)."""
+    """Model states the device holds in the optimizer step (the peak model's moment:
+    launcher/estimator/peak.py, PeakPrediction.states_bytes), at most peak_bytes."""
     activation_bytes: float
     peak_bytes: float
     """Predicted per-rank peak of live tensor bytes over the whole run (rank 0): what
@@ -90,7 +91,7 @@ def strategy_estimate(
     cfg: RunConfig, strategy: StrategyConfig, seconds: float | None
 ) -> StrategyEstimate:
     """Memory and fit of cfg's run under `strategy` (the time is the same for every row)."""
-    states, host = model_state_bytes(cfg, strategy)
+    host = model_state_bytes(cfg, strategy)[1]
     peak = predict_peak(cfg, strategy)
     preset = gpu_preset(cfg.cluster.gpu)
     buffers = CPU_FRAMEWORK_BUFFER_BYTES if preset.is_cpu else FRAMEWORK_BUFFER_BYTES
@@ -103,7 +104,7 @@ def strategy_estimate(
     fits_gpu = gpu <= FIT_FRACTION * capacity
     fits_host = host_cap is None or host <= host_cap
     return StrategyEstimate(
-        strategy.name, states, peak.acts, peak.peak_bytes, peak.steady_bytes,
+        strategy.name, peak.states_bytes, peak.acts, peak.peak_bytes, peak.steady_bytes,
         peak.moments, peak.construction_above_training, buffers, gpu, capacity, host,
         host_cap, fits_gpu, fits_host, fits_gpu and fits_host, seconds, peak.host_bytes,
         reference_bytes(cfg, strategy)[0], reference_placement(cfg, strategy),

@@ -88,7 +88,7 @@ def _header(cfg: RunConfig, est: Estimate) -> list[str]:
         + _model_parallel_text(cfg),
         _compute_line(cfg, est),
         "memory per rank: peak = predicted peak of live tensor bytes (max over construction, "
-        "step and checkpoint save; states = model states as the optimizer step starts); "
+        "step and checkpoint save; states = model states in the optimizer step); "
         f"total = peak + {buffers:g} GiB framework allowance; fits = total <= "
         f"{FIT_FRACTION:.0%} of device memory; micro batch " + _micro_batch_text(cfg)
         + (f" ({rank_sequence(cfg)} per rank)" if cfg.parallel.sp > 1 else "")

@@ -1,8 +1,9 @@
-"""Model states (the "states" column: what the DeepSpeed engine or torch DDP holds as the
-optimizer step starts, and the offloaded host RAM per node; docs/evidence/memory.md, "Engine
-accounting"), activations (fitted to live tensor bytes, 2 CPU ranks, fp32: section 4;
-Korthikanti et al. 2022's s*b*h*(34 + 5as/h) per layer was the estimator before) and the
-framework allowance. The per-rank peak is launcher/estimator/peak.py's. Pure arithmetic.
+"""Model states (what the DeepSpeed engine or torch DDP holds, by kind, and the offloaded
+host RAM per node; docs/evidence/memory.md, "Engine accounting"), activations (fitted to
+live tensor bytes, 2 CPU ranks, fp32: section 4; Korthikanti et al. 2022's
+s*b*h*(34 + 5as/h) per layer was the estimator before) and the framework allowance. The
+per-rank peak is launcher/estimator/peak.py's, and so is the table's "states" column (its
+optimizer step). Pure arithmetic.
 
 objective=dpo (derived from TRL 1.16's DPOTrainer, not measured): a micro batch is
 2 x train.micro_batch_size sequences (micro_sequences), and a full fine-tune holds a frozen
@@ -188,23 +189,32 @@ def reference_placement(cfg: RunConfig, strategy: StrategyConfig) -> str:
     return f"{dtype}, sharded like the policy, {where}"
 
 
+def lora_base_bytes(cfg: RunConfig, strategy: StrategyConfig) -> int:
+    """Bytes per weight of a LoRA run's frozen base as the engine holds it: what the worker
+    loads (launcher/rank/model.model_dtype: bf16 when training in bf16, else fp32), which a
+    DeepSpeed engine casts to the training precision and DDP/FSDP keep."""
+    if engine_of(strategy).separate_master_weights:
+        return param_bytes(cfg.precision.name)
+    return 2 if cfg.precision.name == "bf16" else 4
+
+
 def peft_model_state_bytes(cfg: RunConfig, strategy: StrategyConfig) -> tuple[float, float]:
     """LoRA/QLoRA: frozen base weights + fp32 adapters with grads and Adam states.
 
-    Base bytes per weight follow what the worker loads: fp32 weights, which a DeepSpeed
-    engine casts to the 16-bit dtype (2 bytes) and DDP/FSDP keep (4 bytes, autocast does
-    the 16-bit math). QLoRA stores the decoder's linear weights in NF4
-    (QLORA_BYTES_PER_PARAM); prepare_model_for_kbit_training upcasts the rest (embeddings,
-    norms, lm_head) to fp32. ZeRO-3/FSDP partition the base over the GPUs (offload_param
+    A LoRA base's bytes per weight: lora_base_bytes. QLoRA stores the decoder's linear
+    weights in NF4 (QLORA_BYTES_PER_PARAM); prepare_model_for_kbit_training upcasts the
+    rest (embeddings, norms, lm_head) to fp32, which a DeepSpeed engine casts to the
+    training precision. ZeRO-3/FSDP partition the base over the GPUs (offload_param
     moves it to the host); adapters are counted whole on every GPU
     (ADAPTER_BYTES_PER_PARAM each), an over-estimate of a few MB.
     """
     psi = count_params(cfg.model)
-    p = param_bytes(cfg.precision.name) if engine_of(strategy).separate_master_weights else 4
     if cfg.peft.bits == 4:
+        p = param_bytes(cfg.precision.name) if engine_of(strategy).separate_master_weights else 4
         quantized = cfg.model.num_layers * layer_linear_params(cfg.model)
         base = quantized * QLORA_BYTES_PER_PARAM + (psi - quantized) * p
     else:
+        p = lora_base_bytes(cfg, strategy)
         base = float(psi * p)
     adapters = float(adapter_params(cfg) * ADAPTER_BYTES_PER_PARAM)
     if engine_of(strategy).memory_stage(strategy) < 3:

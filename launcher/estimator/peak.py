@@ -35,6 +35,7 @@ from launcher.estimator.memory import (
     layer_bytes,
     logits_bytes,
     lora_activation_bytes,
+    lora_base_bytes,
     micro_sequences,
     model_state_bytes,
     param_bytes,
@@ -60,7 +61,7 @@ def lora_inputs(cfg: RunConfig, strategy: StrategyConfig) -> LoraInputs:
     model, r = cfg.model, cfg.peft.r
     p = param_bytes(cfg.precision.name)
     deepspeed = engine_of(strategy).separate_master_weights
-    base = p if deepspeed else (2 if cfg.precision.name == "bf16" else 4)
+    base = lora_base_bytes(cfg, strategy)
     shapes = [shape for t, shape in linear_shapes(model).items() if t in lora_targets(cfg)]
     experts = expert_adapter_shapes(cfg).values()
     # one adapter tensor: r x a linear's width, or an expert pair's rank x experts x width
@@ -86,6 +87,10 @@ class PeakPrediction:
     acts: float
     """One micro batch's activations when the forward returns (a frozen LoRA base keeps
     fewer)."""
+    states_bytes: float
+    """The model states the device holds in the optimizer step (weights, gradients,
+    optimizer states, DPO's reference; its optimizer_step moment): the table's "states"
+    column, never above the peak. QLoRA's: memory.model_state_bytes."""
 
     @property
     def steady_bytes(self) -> float:
@@ -169,10 +174,11 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
     on_cpu = gpu_preset(cfg.cluster.gpu).is_cpu
     if cfg.peft.name == "qlora":
         acts = activation_bytes(cfg)
-        total = model_state_bytes(cfg, strategy)[0] + acts
+        states = model_state_bytes(cfg, strategy)[0]
+        total = states + acts
         if is_dpo(cfg):
             total += reference_forward_bytes(cfg, strategy, peak_inputs(cfg, strategy))
-        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts)
+        return PeakPrediction(dict.fromkeys(MOMENTS, total), 0.0, acts, states)
     x, engine = peak_inputs(cfg, strategy), engine_of(strategy)
     if cfg.peft.name == "lora":
         x, lo = replace(x, acts=lora_activation_bytes(cfg)), lora_inputs(cfg, strategy)
@@ -202,6 +208,8 @@ def predict_peak(cfg: RunConfig, strategy: StrategyConfig) -> PeakPrediction:
         d, h = moments["checkpoint"]  # (measured: + 393 MB of the 409 MB fp32 102M model)
         moments["checkpoint"] = (d, h + x.p * count_params(cfg.model))
     if on_cpu:  # one memory: the tracker counts host tensors too
-        return PeakPrediction({m: d + h for m, (d, h) in moments.items()}, 0.0, acts)
+        device = {m: d + h for m, (d, h) in moments.items()}
+        return PeakPrediction(device, 0.0, acts, device["optimizer_step"])
     host = max(h for _, h in moments.values())
-    return PeakPrediction({m: d for m, (d, _) in moments.items()}, host, acts)
+    device = {m: d for m, (d, _) in moments.items()}
+    return PeakPrediction(device, host, acts, device["optimizer_step"])

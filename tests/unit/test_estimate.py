@@ -221,14 +221,33 @@ def test_offload_needs_host_memory() -> None:
         assert model_state_bytes(cfg, strategy(name))[1] > 100 * GIB
 
 
-def test_fsdp_states_are_counted_as_zero3_but_its_peak_is_its_own() -> None:
-    """The states column counts FSDP as ZeRO-3; the predicted peak follows FSDP's own
-    moments (launcher/estimator/peak.py: fp32 shards, one unsharded layer, no max_live gather)."""
-    cfg = cfg_for("model=llama-7b", "precision=bf16", "cluster.gpus_per_node=8")
+def test_fsdp_is_accounted_as_zero3_but_its_peak_and_states_are_its_own() -> None:
+    """The engine accounting counts FSDP as ZeRO-3 (its host RAM); the predicted peak and
+    the table's states follow FSDP's own moments (launcher/estimator/peak.py: fp32 shards,
+    one unsharded layer, no max_live gather)."""
+    cfg = cfg_for("model=llama-7b", "precision=bf16", "cluster.gpus_per_node=8",
+                  "cluster.gpu=a100-80g")
     rows = {r.strategy: r for r in estimate(cfg).strategies}
     for fsdp, zero in (("fsdp", "zero3"), ("fsdp_offload", "zero3_offload")):
         assert model_state_bytes(cfg, strategy(fsdp)) == model_state_bytes(cfg, strategy(zero))
         assert rows[fsdp].moments != rows[zero].moments
+        assert rows[fsdp].model_state_gpu_bytes == rows[fsdp].moments["optimizer_step"]
+
+
+@pytest.mark.parametrize("model", ["gemma-3-12b", "mixtral-8x7b", "llama-3.1-8b"])
+def test_the_states_column_never_exceeds_the_peak(model: str) -> None:
+    """States are the device's model states in the optimizer step, a moment of the peak:
+    gemma-3-12b's ZeRO-3 row said 29.39 GiB of states under a 25.64 GiB peak when it
+    added the gathered embedding (1.0B parameters, live only in forward and backward),
+    and a LoRA base in bf16 was counted in fp32 (the worker loads it in bf16)."""
+    for extra in ([], ["peft=lora"], ["objective=dpo"], ["precision=fp32"]):
+        cfg = cfg_for(f"model={model}", "cluster.gpu=h100-80g", "cluster.gpus_per_node=8",
+                      "precision=bf16", *extra)
+        for row in estimate(cfg).strategies:
+            assert 0 <= row.model_state_gpu_bytes <= row.peak_bytes, (extra, row.strategy)
+    zero3 = estimate(cfg_for(f"model={model}", "cluster.gpu=h100-80g",
+                             "cluster.gpus_per_node=8", "precision=bf16")).row("zero3")
+    assert zero3 is not None and zero3.model_state_gpu_bytes == zero3.moments["optimizer_step"]
 
 
 # ------------------------------------------------------------------ compute
@@ -350,7 +369,11 @@ def test_peft_shrinks_model_states() -> None:
     lora = model_state_bytes(cfg_for(*full, "peft=lora"), ddp)[0]
     qlora = model_state_bytes(cfg_for(*full, "peft=qlora"), ddp)[0]
     assert qlora < lora < none / 4
-    assert 25 * GIB < lora < 26 * GIB  # DDP keeps the fp32 weights the worker loads
+    # DDP keeps the base the worker loads (rank/model.model_dtype): bf16 when training in
+    # bf16, else fp32 (fp16 AMP needs fp32 weights)
+    assert 12.5 * GIB < lora < 13 * GIB
+    fp16 = [*full[:1], "precision=fp16", *full[2:], "peft=lora"]
+    assert 25 * GIB < model_state_bytes(cfg_for(*fp16), ddp)[0] < 26 * GIB
     assert 4 * GIB < qlora < 5 * GIB  # NF4 decoder weights, fp32 embeddings and lm_head
     zero2 = model_state_bytes(cfg_for(*full, "peft=lora"), strategy("zero2"))[0]
     assert 12.5 * GIB < zero2 < 13 * GIB  # DeepSpeed casts the base to bf16
@@ -392,7 +415,8 @@ def test_host_memory_is_checked_when_known() -> None:
 
 
 def test_user_override_shows_in_the_configured_row() -> None:
-    base = ["model=llama-7b", "cluster.gpus_per_node=8", "strategy=zero3"]
+    base = ["model=llama-7b", "cluster.gpus_per_node=8", "cluster.gpu=a100-80g",
+            "strategy=zero3"]
     plain = {r.strategy: r for r in estimate(cfg_for(*base)).strategies}["zero3"]
     offl = {r.strategy: r for r in estimate(cfg_for(*base, "strategy.offload_optimizer=true"))
             .strategies}["zero3"]
